@@ -1,5 +1,7 @@
 """TPUEmbeddingLayer / SharedTPUEmbedding on the default device."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -105,6 +107,20 @@ def test_invalid_inputs():
         match=r"Feature 'x' \(table 'x'\).*\[0, 8\)",
     ):
         layer({"x": tf.constant([[1, 8]]), "y": tf.constant([1])})
+
+
+def test_extra_keys_are_ignored_by_name_with_one_warning():
+    layer = kte.TPUEmbeddingLayer([identity_column("x")])
+    ids = tf.constant([[1, 2], [3, -1]])
+    # The extra key comes first: a positional match would read it.
+    with pytest.warns(UserWarning, match=r"ignores the input keys \['a'\]"):
+        with_extra = layer({"a": tf.constant([[7, 7], [7, 7]]), "x": ids})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = layer({"a": tf.constant([[7, 7], [7, 7]]), "x": ids})
+    expected = layer({"x": ids})["x_embedding"]
+    np.testing.assert_array_equal(with_extra["x_embedding"], expected)
+    np.testing.assert_array_equal(again["x_embedding"], expected)
 
 
 def test_identity_default_value_maps_out_of_range():
