@@ -30,6 +30,7 @@ from keras_tpu_embed.columns import (
     weighted_categorical_column as weighted_categorical_column,
 )
 from keras_tpu_embed.config import EmbeddingConfig as EmbeddingConfig
+from keras_tpu_embed.distribute import distribute_dataset as distribute_dataset
 from keras_tpu_embed.embedding_columns import (
     embedding_column as embedding_column,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "categorical_column_with_vocabulary_file",
     "categorical_column_with_vocabulary_list",
     "embedding_column",
+    "distribute_dataset",
     "engine_checkpoint",
     "export_saved_model",
     "load_model",

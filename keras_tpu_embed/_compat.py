@@ -35,6 +35,9 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover
         "KERAS_BACKEND=tensorflow before the first `import keras`."
     )
 
+from keras.src.backend.common.symbolic_scope import (  # noqa: E402
+    in_symbolic_scope as keras_in_symbolic_scope,
+)
 from tensorflow.python.feature_column import (  # noqa: E402
     feature_column_v2 as tf_feature_column_v2,
 )
@@ -50,5 +53,6 @@ __all__ = [
     "tf_feature_column_v2",
     "tf_sequence_feature_column",
     "tf_init_ops",
+    "keras_in_symbolic_scope",
     "tf_tpu_feature_column_v2",
 ]

@@ -6,7 +6,10 @@ dependency named after the table and each slot as `<table>/<slot>` (keys
 built here tracks the layers' own variables under exactly those names, so
 `tf.train.Checkpoint(embedding=engine_checkpoint(model))` on CPU and
 `tf.train.Checkpoint(embedding=mid_level_object)` on TPU read and write the
-same checkpoint.
+same checkpoint. For layers built on the TPU engine (`engine.py`), the
+engine's mid-level object holds the tables: `engine_checkpoint` returns it
+(or tracks its variables under the same names next to the layers' own), so a
+checkpoint written on TPU restores on CPU and the other way round.
 """
 
 from __future__ import annotations
@@ -73,7 +76,35 @@ def engine_checkpoint(model_or_layers: Any) -> tf.Module:
                 f"{type(layer).__name__} '{layer.name}' is not built yet; "
                 "call it on data (or `build()`) first."
             )
-        for table in layer.table_specs:
+    engines = {
+        id(layer.engine): layer.engine
+        for layer in layers
+        if layer.engine is not None
+    }
+    if len(engines) > 1:
+        raise ValueError(
+            "These layers are built on different TPU embedding engines "
+            "(different strategies); checkpoint each model on its own."
+        )
+    engine = next(iter(engines.values()), None)
+    local = [(layer, layer.local_table_specs) for layer in layers]
+    if engine is not None and not any(tables for _, tables in local):
+        # Everything is in the engine: its own object is the checkpoint,
+        # which also restores into it before its first step.
+        return engine.mid_level
+    if engine is not None:
+        children = engine.mid_level._trackable_children("checkpoint")
+        if not children:
+            raise ValueError(
+                "The TPU embedding engine builds its tables at the first "
+                "step; run one step before checkpointing a model that also "
+                "has tensor-core tables."
+            )
+        for name, variable in children.items():
+            owners[name] = "the TPU embedding engine"
+            names.append((name, variable))
+    for layer, tables in local:
+        for table in tables:
             if table.name in owners:
                 raise ValueError(
                     f"Table '{table.name}' is held by both layers "
@@ -86,6 +117,8 @@ def engine_checkpoint(model_or_layers: Any) -> tf.Module:
                 names.append((f"{table.name}/{slot}", variable))
     for name, variable in names:
         # Track the tf.Variable itself: that is what the engine saves.
-        setattr(view, name, variable.value)
+        if isinstance(variable, keras.Variable):
+            variable = variable.value
+        setattr(view, name, variable)
     view.named_variables = lambda: list(names)  # type: ignore[attr-defined]
     return view

@@ -7,9 +7,11 @@ math lives in `lookup/` and `optimizers.py`, the update hook in
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 from typing import Sequence
 
+from keras_tpu_embed import engine as engine_lib
 from keras_tpu_embed import initialization
 from keras_tpu_embed import optimizers as optimizers_lib
 from keras_tpu_embed._compat import keras
@@ -34,16 +36,6 @@ from keras_tpu_embed.types import Tensor
 SEQUENCE_LENGTH_SUFFIX = "_sequence_length"
 
 
-def _under_tpu_strategy() -> bool:
-    if not tf.distribute.has_strategy():
-        return False
-    strategy = tf.distribute.get_strategy()
-    return isinstance(
-        strategy,
-        (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy),
-    )
-
-
 @keras.saving.register_keras_serializable(package="keras_tpu_embed")
 class TPUEmbeddingLayer(keras.layers.Layer):
     """Embedding lookups for feature-column specs, trained like the TPU engine.
@@ -56,10 +48,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     Each table's lookup runs where its columns' `embedding_lookup_device`
     says for the phase (DESIGN §3): the sparse host lookup on the default
-    device, or the dense `tpu_tensor_core` lookup, which compiles with XLA.
-    Training under `TPUStrategy` with the TPU embedding engine is not
-    implemented in this release; building the layer there raises
-    `NotImplementedError` rather than falling back silently.
+    device, the dense `tpu_tensor_core` lookup (compiled with XLA), or,
+    when the layer is built under `TPUStrategy` on a TPU with an embedding
+    engine, the engine itself (`engine.py`): every embedding layer of the
+    model then shares one `tf.tpu.experimental.embedding.TPUEmbedding`
+    (`TPUEmbeddingV2` on SparseCore), which owns those tables and slots.
+    Build and call the layer under the same strategy; the engine path is
+    exercised on TPU hardware only (see `examples/tpu_smoke.py`).
 
     Args:
         columns: Embedding columns (`embedding_column`,
@@ -135,6 +130,10 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 f"hold the sequence columns {sequence}; use `output='dict'`."
             )
         self.table_specs = group_into_tables(self.columns)
+        # Decided at build, from the strategy in scope.
+        self._training_devices: dict[str, LookupDevice] = {}
+        self._built_hardware = engine_lib.EmbeddingHardware.NONE
+        self._engine: engine_lib.SharedEngine | None = None
         # A serving device given here is checked now, not at export.
         if self.serving_lookup_device is not None:
             for table in self.table_specs:
@@ -150,9 +149,12 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         # Set by `export_saved_model` while it traces the serving function.
         self._serving = False
         self._serving_override: LookupDevice | None = None
+        self._warned_extra_keys = False
 
     def _table_device(self, table: TableSpec, serving: bool) -> LookupDevice:
         """Where `table`'s lookups run now; its columns agree on it."""
+        if not serving and table.name in self._training_devices:
+            return self._training_devices[table.name]
         first = table.columns[0]
         override = (
             self._serving_override
@@ -173,28 +175,75 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     # ------------------------------------------------------------------ build
 
-    def build(self, input_shape: Any = None) -> None:
-        if _under_tpu_strategy():
-            # Device rules first: a 'cpu' column is a user error under
-            # TPUStrategy whatever this release implements.
-            for table in self.table_specs:
-                first = table.columns[0]
-                resolve_lookup_device(
-                    first.lookup_device,
-                    column=first.name,
-                    serving=False,
-                    engine=True,
+    def _training_device(
+        self, table: TableSpec, hardware: engine_lib.EmbeddingHardware
+    ) -> LookupDevice:
+        first = table.columns[0]
+        on_tpu = hardware is not engine_lib.EmbeddingHardware.NONE
+        device = resolve_lookup_device(
+            first.lookup_device,
+            column=first.name,
+            serving=False,
+            engine=on_tpu,
+        )
+        if (
+            device is LookupDevice.TPU_EMBEDDING_CORE
+            and not hardware.has_engine
+        ):
+            # A TPU without an embedding engine: the dense tensor-core
+            # lookup is the one that runs inside the TPU step.
+            unshaped = [
+                c.name
+                for c in table.columns
+                if not c.is_sequence and c.tensor_core_shape is None
+            ]
+            if unshaped:
+                raise ValueError(
+                    f"This TPU has no embedding engine, so table "
+                    f"'{table.name}' must run on the tensor core, but the "
+                    f"columns {unshaped} have no tensor_core_shape. Give "
+                    "them tensor_core_shape=[None, ids_per_example]."
                 )
-            raise NotImplementedError(
-                f"{type(self).__name__} '{self.name}' is being built under "
-                "TPUStrategy, but the TPU embedding engine path is not "
-                "implemented in this release. Build the model outside "
-                "TPUStrategy to train on CPU or GPU."
+            tf.get_logger().warning(
+                "keras_tpu_embed: this TPU has no embedding engine; table "
+                "'%s' falls back to the tensor-core lookup.",
+                table.name,
+            )
+            return LookupDevice.TPU_TENSOR_CORE
+        return device
+
+    def build(self, input_shape: Any = None) -> None:
+        strategy = tf.distribute.get_strategy()
+        hardware = engine_lib.embedding_hardware(strategy)
+        self._built_hardware = hardware
+        self._training_devices = {
+            table.name: self._training_device(table, hardware)
+            for table in self.table_specs
+        }
+        engine_tables = [
+            t
+            for t in self.table_specs
+            if self._training_devices[t.name] is LookupDevice.TPU_EMBEDDING_CORE
+        ]
+        self._local_tables = [
+            t for t in self.table_specs if t not in engine_tables
+        ]
+        engine_sequences = [
+            c.name for t in engine_tables for c in t.columns if c.is_sequence
+        ]
+        if self.return_sequence_lengths and engine_sequences:
+            raise ValueError(
+                f"{type(self).__name__} '{self.name}': the TPU embedding "
+                "engine returns no sequence lengths, so "
+                "`return_sequence_lengths=True` cannot serve the sequence "
+                f"columns {engine_sequences} on it. Feed the lengths as a "
+                "dense feature, or set embedding_lookup_device="
+                "'tpu_tensor_core' on those columns."
             )
         optimizer = self.config.optimizer
         self._tables: dict[str, Any] = {}
         self._slots: dict[str, dict[str, Any]] = {}
-        for table in self.table_specs:
+        for table in self._local_tables:
             self._tables[table.name] = initialization.create_table(
                 self,
                 table.name,
@@ -219,6 +268,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             initializer="zeros",
             trainable=False,
             autocast=False,
+            # Counted in the replica function, once, under any strategy.
+            aggregation="only_first_replica",
         )
         # Receives a zero gradient; it exists so that Keras differentiates
         # the path through the tables (see sparse_training.py).
@@ -230,10 +281,35 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             trainable=True,
             autocast=False,
         )
+        if engine_tables:
+            self._engine = engine_lib.engine_for(strategy, hardware)
+            self._engine.register(
+                self,
+                [c for t in engine_tables for c in t.columns],
+                self._input_keys(input_shape),
+            )
         self.built = True
+
+    def _expected_keys(self) -> list[str]:
+        expected = []
+        for column in self.columns:
+            expected.append(column.feature_key)
+            if column.weight_feature_key:
+                expected.append(column.weight_feature_key)
+        return list(dict.fromkeys(expected))
+
+    def _input_keys(self, input_shape: Any) -> frozenset[str] | None:
+        """The feature keys this layer is called with, when build knows."""
+        if isinstance(input_shape, dict):
+            return frozenset(input_shape)
+        expected = self._expected_keys()
+        if input_shape is not None and len(expected) == 1:
+            return frozenset(expected)
+        return None
 
     def table_variable(self, table_name: str) -> Any:
         """The `keras.Variable` of a table, by table name."""
+        self._check_not_on_engine(table_name)
         if table_name not in self._tables:
             raise KeyError(
                 f"No table '{table_name}' in {type(self).__name__} "
@@ -243,17 +319,44 @@ class TPUEmbeddingLayer(keras.layers.Layer):
 
     def slot_variables(self, table_name: str) -> dict[str, Any]:
         """The optimizer slot variables of a table, keyed by slot name."""
+        self._check_not_on_engine(table_name)
         return dict(self._slots[table_name])
+
+    def _check_not_on_engine(self, table_name: str) -> None:
+        if (
+            self._training_devices.get(table_name)
+            is LookupDevice.TPU_EMBEDDING_CORE
+        ):
+            raise ValueError(
+                f"Table '{table_name}' of '{self.name}' is held by the TPU "
+                "embedding engine, not by the layer: save it with "
+                "tf.train.Checkpoint(embedding=kte.engine_checkpoint(model))."
+            )
+
+    @property
+    def local_table_specs(self) -> list[TableSpec]:
+        """The tables this layer holds itself (not the engine); built only."""
+        return list(self._local_tables)
+
+    @property
+    def engine(self) -> engine_lib.SharedEngine | None:
+        """The shared TPU embedding engine, when the layer is built on one."""
+        return self._engine
+
+    def _trackable_children(
+        self, save_type: str = "checkpoint", **kwargs: Any
+    ) -> dict[str, Any]:
+        children = super()._trackable_children(save_type, **kwargs)
+        engine = getattr(self, "_engine", None)
+        if engine is not None and engine.mid_level is not None:
+            # The engine owns this layer's tables: checkpoint it with them.
+            children["tpu_embedding"] = self._engine.mid_level
+        return children
 
     # ------------------------------------------------------------------- call
 
     def _features(self, inputs: Any) -> dict[str, Tensor]:
-        expected = []
-        for column in self.columns:
-            expected.append(column.feature_key)
-            if column.weight_feature_key:
-                expected.append(column.weight_feature_key)
-        expected = list(dict.fromkeys(expected))
+        expected = self._expected_keys()
         if not isinstance(inputs, dict):
             if len(expected) == 1:
                 return {expected[0]: inputs}
@@ -269,13 +372,22 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 f"{type(self).__name__} '{self.name}'. Expected keys: "
                 f"{expected}. Received keys: {sorted(inputs)}."
             )
-        # Other keys are ignored by name, silently: one preprocessor output
-        # feeds several embedding layers, each reading its own features.
+        extra = sorted(set(inputs) - set(expected))
+        if extra and not self._warned_extra_keys:
+            # One preprocessor output often feeds several embedding layers,
+            # so extra keys are normal: ignored by name, said once.
+            self._warned_extra_keys = True
+            warnings.warn(
+                f"{type(self).__name__} '{self.name}' ignores the input keys "
+                f"{extra}; it reads {expected}. This is expected when one "
+                "feature dict feeds several layers (shown once per layer).",
+                stacklevel=2,
+            )
         return inputs
 
     def _table_lookups(self, features: dict[str, Tensor]) -> list[Any]:
         lookups = []
-        for table in self.table_specs:
+        for table in self._local_tables:
             device = self._table_device(table, serving=self._serving)
             backend = (
                 tensor_core_lookup.DenseTableLookup
@@ -296,7 +408,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         step = self.embedding_step.value
         updates = []
         for table, lookup, gradient in zip(
-            self.table_specs, lookups, gradients
+            self._local_tables, lookups, gradients
         ):
             arguments = lookup.update_arguments(
                 gradient, optimizer.updates_all_rows()
@@ -314,12 +426,40 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         with tf.control_dependencies(updates):
             return self.embedding_step.value.assign_add(1).read_value()
 
+    def _check_strategy(self) -> None:
+        """The layer runs under the kind of strategy it was built under."""
+        now = engine_lib.current_hardware()
+        if self._engine is not None and not now.has_engine:
+            raise RuntimeError(
+                f"{type(self).__name__} '{self.name}' was built under "
+                "TPUStrategy and its tables live in the TPU embedding engine, "
+                "but it is called outside that strategy. Call the model "
+                "through model.fit / evaluate / predict under the strategy. "
+                "To run on CPU or export for serving, build the same model "
+                "outside the strategy and restore "
+                "tf.train.Checkpoint(embedding=kte.engine_checkpoint(model))."
+            )
+        if (
+            self._built_hardware is engine_lib.EmbeddingHardware.NONE
+            and now is not engine_lib.EmbeddingHardware.NONE
+        ):
+            raise RuntimeError(
+                f"{type(self).__name__} '{self.name}' was built outside "
+                "TPUStrategy (its tables are ordinary variables) but is "
+                "called under it. Create and build the model inside "
+                "`strategy.scope()`."
+            )
+
     def call(self, inputs: Any, training: bool | None = None) -> Any:
+        self._check_strategy()
         features = self._features(inputs)
+        values: dict[str, Tensor] = {}
+        if self._engine is not None:
+            values.update(self._engine.activations(self, features))
         lookups = self._table_lookups(features)
-        variables = [self._tables[t.name].value for t in self.table_specs]
+        variables = [self._tables[t.name].value for t in self._local_tables]
         trapped: list[Any] = [None] * len(lookups)
-        if training:
+        if training and lookups:
             rows = [
                 lookup.training_rows(variable)
                 for lookup, variable in zip(lookups, variables)
@@ -331,7 +471,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             trapped = trap_gradients(
                 rows, self.gradient_trap.value, apply_gradients
             )
-        values: dict[str, Tensor] = {}
         lengths: dict[str, Tensor] = {}
         for lookup, variable, table_rows in zip(lookups, variables, trapped):
             values.update(
@@ -347,11 +486,19 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 outputs[column.name + SEQUENCE_LENGTH_SUFFIX] = lengths[
                     column.name
                 ]
+        for name in self._raw_engine_features():
+            outputs[name] = tf.cast(values[name], self.compute_dtype)
         if self.output_mode == "concat":
             return tf.concat(
                 [outputs[name] for name in sorted(outputs)], axis=-1
             )
         return outputs
+
+    def _raw_engine_features(self) -> dict[str, Any]:
+        """`feature_to_config_dict` entries: served by the engine only."""
+        if self._engine is None:
+            return {}
+        return dict(self.config.feature_to_config_dict or {})
 
     def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
         specs = {}
@@ -371,6 +518,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 specs[column.name + SEQUENCE_LENGTH_SUFFIX] = keras.KerasTensor(
                     (None,), dtype="int64"
                 )
+        for name, feature in self._raw_engine_features().items():
+            shape = (None, feature.table.dim)
+            if feature.max_sequence_length:
+                shape = (None, feature.max_sequence_length, feature.table.dim)
+            specs[name] = keras.KerasTensor(shape, dtype=self.compute_dtype)
         if self.output_mode == "concat":
             width = sum(c.dimension for c in self.columns)
             return keras.KerasTensor((None, width), dtype=self.compute_dtype)

@@ -1,0 +1,63 @@
+"""`distribute_dataset`: host-side ids, global batch sizes, static shapes."""
+
+import types
+
+import pytest
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+
+
+def _examples(n=10):
+    ids = tf.ragged.constant([[i] * (1 + i % 3) for i in range(n)], tf.int64)
+    return tf.data.Dataset.from_tensor_slices(
+        ({"item": ids.to_sparse()}, tf.zeros(n))
+    )
+
+
+def test_batches_are_global_static_and_stay_on_the_host():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    batches = kte.distribute_dataset(strategy, _examples(), 4)
+    assert batches._options.experimental_fetch_to_device is False
+    sizes = [int(x["item"].dense_shape[0]) for x, _ in batches]
+    assert sizes == [4, 4]  # the last 2 examples are dropped
+    spec = batches.element_spec[0]["item"]
+    assert spec.shape[0] == 4  # static per-replica batch
+
+
+def test_a_function_reads_its_own_host_share():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    contexts = []
+
+    def host_dataset(context):
+        contexts.append(context)
+        return _examples(6)
+
+    batches = kte.distribute_dataset(strategy, host_dataset, 3)
+    assert [int(y.shape[0]) for _, y in batches] == [3, 3]
+    assert contexts[0].num_input_pipelines == 1
+
+
+def test_distributed_datasets_that_fetch_to_device_are_refused():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    on_device = strategy.experimental_distribute_dataset(_examples().batch(2))
+    with pytest.raises(ValueError, match="experimental_fetch_to_device=False"):
+        kte.distribute_dataset(strategy, on_device)
+    on_host = strategy.experimental_distribute_dataset(
+        _examples().batch(2),
+        options=tf.distribute.InputOptions(experimental_fetch_to_device=False),
+    )
+    assert kte.distribute_dataset(strategy, on_host) is on_host
+
+
+def test_bad_batch_sizes_and_inputs():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with pytest.raises(ValueError, match="`global_batch_size` is required"):
+        kte.distribute_dataset(strategy, _examples())
+    with pytest.raises(ValueError, match="positive int"):
+        kte.distribute_dataset(strategy, _examples(), 0)
+    three_replicas = types.SimpleNamespace(num_replicas_in_sync=3)
+    with pytest.raises(ValueError, match="multiple of 3"):
+        kte.distribute_dataset(three_replicas, _examples(), 8)
+    with pytest.raises(TypeError, match="tf.data.Dataset or a function"):
+        kte.distribute_dataset(strategy, [1, 2, 3], 2)

@@ -1,0 +1,252 @@
+"""A recording STAND-IN for the TPU embedding mid-level API. Not a TPU.
+
+No machine here has a TPU, so the engine path is tested against this object
+in place of `tf.tpu.experimental.embedding.TPUEmbedding`, under a
+`OneDeviceStrategy` that the tests declare to be a TPU with an engine. It
+enforces the invariants TensorFlow enforces on a TPU:
+
+- one built object per strategy ("TPU is already initialized for
+  embeddings" for a second);
+- `enqueue` with the full feature structure, a name, and inputs of the kinds
+  TF accepts (dense `[batch]` or `[batch, 1]`, rank-2 sparse or ragged), each
+  a direct input of the step function (TF rejects computed tensors: it can
+  only move the enqueue to the host when its inputs come straight from the
+  dataset);
+- `dequeue` once per step, in the same graph, with the enqueue's name;
+- `apply_gradients` once per step with that name and the full gradient
+  structure, each gradient shaped like its activation.
+
+Lookups use a real `TPUEmbedding` built on CPU (the variable layout the TPU
+checkpoints too) and `tf.tpu.experimental.embedding.serving_embedding_lookup`;
+`apply_gradients` applies plain SGD at the table optimizer's learning rate,
+so that tests can see gradients arrive where they belong. Counters record
+how often each op runs, at run time.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.python.util import nest
+
+from keras_tpu_embed import engine as engine_lib
+
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _graph() -> Any:
+    return tf.compat.v1.get_default_graph()
+
+
+class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
+    """Stands in for `TPUEmbedding`; records and checks the protocol."""
+
+    instances: list[RecordingTPUEmbedding] = []
+
+    def __init__(
+        self,
+        feature_config: Any,
+        optimizer: Any = None,
+        pipeline_execution_with_tensor_core: bool = False,
+    ) -> None:
+        self._strategy = tf.distribute.get_strategy()
+        self._feature_config = feature_config
+        self.optimizer = optimizer
+        self.pipeline_execution_with_tensor_core = (
+            pipeline_execution_with_tensor_core
+        )
+        # TPUEmbedding outside a TPUStrategy builds its tables on CPU, with
+        # the TPU's checkpoint layout.
+        with tf.init_scope():
+            self._cpu = tf.tpu.experimental.embedding.TPUEmbedding(
+                feature_config, optimizer
+            )
+            self._cpu.build()
+            self.runs = {
+                op: tf.Variable(0, dtype=tf.int64, trainable=False)
+                for op in ("enqueue", "dequeue", "apply_gradients")
+            }
+        self.built = False
+        self.events: list[tuple[str, str, tuple[str, ...]]] = []
+        self._steps: dict[tuple[int, str], dict[str, Any]] = {}
+        RecordingTPUEmbedding.instances.append(self)
+
+    @property
+    def embedding_tables(self) -> dict[Any, Any]:
+        return self._cpu.embedding_tables
+
+    def _trackable_children(self, save_type: str = "checkpoint", **kwargs):
+        return self._cpu._trackable_children(save_type, **kwargs)
+
+    def build(self) -> None:
+        if self.built:
+            return
+        owner = _BUILT.get(self._strategy)
+        if owner is not None and owner is not self:
+            raise RuntimeError(
+                "TPU is already initialized for embeddings. This may be "
+                "caused by using multiple TPUEmbedding instances in a TPU "
+                "scope which is unsupported"
+            )
+        _BUILT[self._strategy] = self
+        self.built = True
+
+    def _count(self, op: str) -> None:
+        self.runs[op].assign_add(1)
+
+    def enqueue(
+        self,
+        features: Any,
+        weights: Any = None,
+        training: bool = True,
+        name: str | None = None,
+    ) -> None:
+        if name is None:
+            raise AssertionError("stand-in: enqueue without a name")
+        tf.nest.assert_same_structure(self._feature_config, features)
+        if weights is not None:
+            tf.nest.assert_same_structure(self._feature_config, weights)
+        for path, value in nest.flatten_with_joined_string_paths(features):
+            _check_input_kind(path, value)
+        for path, component in nest.flatten_with_joined_string_paths(
+            features, expand_composites=True
+        ):
+            if component.op.type != "Placeholder":
+                raise ValueError(
+                    f"stand-in: {path} is computed by a {component.op.type} "
+                    "op, not a direct input of the step; TF cannot enqueue "
+                    "it from the host."
+                )
+        self.build()
+        key = (id(_graph()), name)
+        if key in self._steps:
+            raise RuntimeError(f"stand-in: second enqueue named {name!r}")
+        self._steps[key] = {
+            "features": features,
+            "weights": weights,
+            "training": training,
+        }
+        self.events.append(("enqueue", name, tuple(sorted(features))))
+        self._count("enqueue")
+
+    def dequeue(self, name: str | None = None) -> Any:
+        step = self._steps.get((id(_graph()), name))
+        if step is None:
+            raise RuntimeError(
+                f"stand-in: dequeue {name!r} without an enqueue of that name "
+                "in this step"
+            )
+        if "activations" in step:
+            raise RuntimeError(f"stand-in: second dequeue named {name!r}")
+        step["activations"] = (
+            tf.tpu.experimental.embedding.serving_embedding_lookup(
+                step["features"],
+                step["weights"],
+                self._cpu.embedding_tables,
+                self._feature_config,
+            )
+        )
+        self.events.append(("dequeue", name, ()))
+        self._count("dequeue")
+        return step["activations"]
+
+    def apply_gradients(self, gradients: Any, name: str | None = None) -> None:
+        step = self._steps.get((id(_graph()), name))
+        if step is None or "activations" not in step:
+            raise RuntimeError(
+                f"stand-in: apply_gradients {name!r} without a dequeue of "
+                "that name in this step"
+            )
+        if step.get("applied"):
+            raise RuntimeError(f"stand-in: second apply_gradients {name!r}")
+        step["applied"] = True
+        tf.nest.assert_same_structure(self._feature_config, gradients)
+        flat_activations = tf.nest.flatten(step["activations"])
+        for (path, gradient), activation in zip(
+            nest.flatten_with_joined_string_paths(gradients),
+            flat_activations,
+        ):
+            if gradient.shape != activation.shape:
+                raise ValueError(
+                    f"stand-in: gradient of shape {gradient.shape} at {path}; "
+                    f"expected {activation.shape}"
+                )
+        self._sgd(step, gradients)
+        self.events.append(("apply_gradients", name, ()))
+        self._count("apply_gradients")
+
+    def _sgd(self, step: dict[str, Any], gradients: Any) -> None:
+        """Plain SGD through the CPU lookup's own gradient."""
+        tables = self._cpu.embedding_tables
+        by_table = list(tables.items())
+        activations = tf.tpu.experimental.embedding.serving_embedding_lookup(
+            step["features"],
+            step["weights"],
+            {config: table for config, table in by_table},
+            self._feature_config,
+        )
+        table_grads = tf.gradients(
+            tf.nest.flatten(activations),
+            [table for _, table in by_table],
+            grad_ys=tf.nest.flatten(gradients),
+        )
+        for (config, table), gradient in zip(by_table, table_grads):
+            if gradient is None:
+                continue
+            rate = config.optimizer.learning_rate
+            rate = rate() if callable(rate) else rate
+            update = tf.IndexedSlices(
+                gradient.values * tf.cast(rate, tf.float32),
+                gradient.indices,
+                gradient.dense_shape,
+            )
+            table.scatter_sub(update)
+
+
+def _check_input_kind(path: str, value: Any) -> None:
+    if isinstance(value, tf.SparseTensor):
+        if value.shape.rank != 2:
+            raise ValueError(f"stand-in: sparse {path} must be rank 2")
+    elif isinstance(value, tf.RaggedTensor):
+        if value.shape.rank != 2:
+            raise ValueError(f"stand-in: ragged {path} must be rank 2")
+    else:
+        rank = value.shape.rank
+        if rank == 0 or (rank and rank > 1 and value.shape[-1] != 1):
+            raise ValueError(
+                "stand-in: Rank 2 or above dense tensor should have last "
+                f"dimension as 1; got {value.shape} at {path}"
+            )
+
+
+class StandInTPU:
+    """Declares a `OneDeviceStrategy` to be a TPU with an embedding engine.
+
+    Patches `engine.embedding_hardware` and `engine.mid_level_class`, the
+    two places where the package consults TPU hardware.
+    """
+
+    def __init__(self, monkeypatch: Any, hardware: Any = None) -> None:
+        self.strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+        self.hardware = hardware or engine_lib.EmbeddingHardware.V1
+        real = engine_lib.embedding_hardware
+        strategy = self.strategy
+
+        def embedding_hardware(candidate: Any) -> Any:
+            if candidate is strategy:
+                return self.hardware
+            return real(candidate)
+
+        monkeypatch.setattr(
+            engine_lib, "embedding_hardware", embedding_hardware
+        )
+        monkeypatch.setattr(
+            engine_lib, "mid_level_class", lambda _: RecordingTPUEmbedding
+        )
+        RecordingTPUEmbedding.instances = []
+
+    @property
+    def built_objects(self) -> list[RecordingTPUEmbedding]:
+        return [o for o in RecordingTPUEmbedding.instances if o.built]

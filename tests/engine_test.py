@@ -1,0 +1,348 @@
+"""The TPU embedding engine path, against a recording STAND-IN (not a TPU).
+
+Every test here runs `keras_tpu_embed` under a `OneDeviceStrategy` that
+`tests/engine_stand_in.py` declares to be a TPU with an embedding engine,
+with `RecordingTPUEmbedding` in place of TF's mid-level object. They prove
+the protocol the package drives (one object, one named enqueue of every
+feature per step, its dequeue, one `apply_gradients`), the errors, and the
+checkpoint layout. What only a TPU can prove (the engine's own numerics,
+TF's graph rewrites, speed) is left to `examples/tpu_smoke.py`.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+from keras_tpu_embed import engine as engine_lib
+from keras_tpu_embed.devices import LookupDevice
+from tests.engine_stand_in import RecordingTPUEmbedding
+from tests.engine_stand_in import StandInTPU
+
+N, BATCH = 32, 8
+FEATURES = [
+    "hist_shared_embedding",
+    "item_shared_embedding",
+    "tags_weighted_by_tag_w_embedding",
+    "user_embedding",
+]
+
+
+@pytest.fixture
+def tpu(monkeypatch):
+    return StandInTPU(monkeypatch)
+
+
+def _columns():
+    user = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20), 4, combiner="sum"
+    )
+    tags = kte.embedding_column(
+        kte.weighted_categorical_column(
+            kte.categorical_column_with_identity("tags", 30), "tag_w"
+        ),
+        3,
+        combiner="sqrtn",
+    )
+    shared = kte.shared_embedding_columns(
+        [
+            kte.categorical_column_with_identity("item", 50),
+            kte.sequence_categorical_column_with_identity("hist", 50),
+        ],
+        4,
+        max_sequence_lengths=[0, 3],
+    )
+    return [user, tags], shared
+
+
+def _inputs():
+    return {
+        "user": keras.Input((1,), dtype="int64", name="user"),
+        "tags": keras.Input((None,), dtype="int64", sparse=True, name="tags"),
+        "tag_w": keras.Input(
+            (None,), dtype="float32", sparse=True, name="tag_w"
+        ),
+        "item": keras.Input((None,), dtype="int64", sparse=True, name="item"),
+        "hist": keras.Input((None,), dtype="int64", sparse=True, name="hist"),
+    }
+
+
+def build_model(config=None, shared_config=None):
+    columns, shared = _columns()
+    config = config or kte.EmbeddingConfig(optimizer=kte.optimizers.SGD(0.5))
+    inputs = _inputs()
+    a = kte.TPUEmbeddingLayer(columns, config=config, name="embed")(inputs)
+    b = kte.SharedTPUEmbedding(
+        shared, config=shared_config or config, name="shared"
+    )(inputs)
+    x = keras.layers.Concatenate()(
+        [
+            a["user_embedding"],
+            a["tags_weighted_by_tag_w_embedding"],
+            b["item_shared_embedding"],
+            keras.ops.mean(b["hist_shared_embedding"], axis=1),
+        ]
+    )
+    out = keras.layers.Dense(
+        1, activation="sigmoid", name="head", kernel_initializer="ones"
+    )(x)
+    model = keras.Model(inputs, out)
+    model.compile(optimizer="sgd", loss="binary_crossentropy")
+    return model
+
+
+def _sparse(rng, vocab, width):
+    indices, values = [], []
+    for row in range(N):
+        for position in range(rng.integers(1, width + 1)):
+            indices.append([row, position])
+            values.append(rng.integers(0, vocab))
+    return tf.SparseTensor(
+        np.array(indices, np.int64), np.array(values, np.int64), [N, width]
+    )
+
+
+def examples(seed=0):
+    rng = np.random.default_rng(seed)
+    tags = _sparse(rng, 30, 4)
+    weights = rng.uniform(0.5, 2.0, tags.values.shape[0]).astype(np.float32)
+    features = {
+        "user": rng.integers(0, 20, (N, 1)).astype(np.int64),
+        "tags": tags,
+        "tag_w": tf.SparseTensor(tags.indices, weights, tags.dense_shape),
+        "item": _sparse(rng, 50, 1),
+        "hist": _sparse(rng, 50, 5),
+    }
+    labels = rng.integers(0, 2, (N, 1)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((features, labels))
+
+
+def test_fit_evaluate_predict_drive_one_engine(tpu):
+    with tpu.strategy.scope():
+        model = build_model()
+    data = kte.distribute_dataset(tpu.strategy, examples(), BATCH)
+    model.fit(data, epochs=2, verbose=0)
+    [engine] = tpu.built_objects
+    # One named enqueue of every feature of both layers, its dequeue and
+    # one apply_gradients, traced once and run once per step (4 per epoch).
+    assert engine.events == [
+        ("enqueue", "keras_tpu_embed_step_1", tuple(FEATURES)),
+        ("dequeue", "keras_tpu_embed_step_1", ()),
+        ("apply_gradients", "keras_tpu_embed_step_1", ()),
+    ]
+    assert {k: int(v) for k, v in engine.runs.items()} == {
+        "enqueue": 8,
+        "dequeue": 8,
+        "apply_gradients": 8,
+    }
+    model.evaluate(data, verbose=0)
+    predictions = model.predict(data, verbose=0)
+    assert predictions.shape == (N, 1)
+    assert {k: int(v) for k, v in engine.runs.items()} == {
+        "enqueue": 16,
+        "dequeue": 16,
+        "apply_gradients": 8,  # evaluate and predict send no gradients
+    }
+    for layer in (model.get_layer("embed"), model.get_layer("shared")):
+        assert layer.engine.mid_level is engine
+        assert int(layer.embedding_step.numpy()) == 8
+        assert layer.local_table_specs == []
+
+
+def test_tables_restore_across_tpu_and_cpu_both_ways(
+    tpu, tmp_path, monkeypatch
+):
+    with tpu.strategy.scope():
+        tpu_model = build_model()
+    data = kte.distribute_dataset(tpu.strategy, examples(), BATCH)
+    assert tpu.built_objects == []  # the engine is built by the first step
+    tpu_model.fit(data, epochs=1, verbose=0)
+    [engine] = tpu.built_objects
+    trained = {c.name: t.numpy() for c, t in engine.embedding_tables.items()}
+    path = tf.train.Checkpoint(
+        embedding=kte.engine_checkpoint(tpu_model)
+    ).write(str(tmp_path / "tpu"))
+
+    cpu_model = build_model()
+    status = tf.train.Checkpoint(embedding=kte.engine_checkpoint(cpu_model))
+    status.read(path).assert_existing_objects_matched()
+    for table, values in trained.items():
+        layer = "shared" if table == "hist_item_shared_embedding" else "embed"
+        np.testing.assert_array_equal(
+            cpu_model.get_layer(layer).table_variable(table).numpy(), values
+        )
+    cpu_model.get_layer("head").set_weights(
+        tpu_model.get_layer("head").get_weights()
+    )
+    batches = list(examples().batch(BATCH))
+    on_cpu = np.concatenate([cpu_model.predict_on_batch(x) for x, _ in batches])
+    on_tpu = tpu_model.predict(data, verbose=0)
+    np.testing.assert_allclose(on_tpu, on_cpu, atol=1e-6)
+
+    # And back: CPU tables into a fresh TPU model, before its first step.
+    fresh = StandInTPU(monkeypatch)
+    with fresh.strategy.scope():
+        second = build_model()
+    tf.train.Checkpoint(embedding=kte.engine_checkpoint(second)).read(
+        path
+    ).assert_existing_objects_matched()
+    second.get_layer("head").set_weights(
+        tpu_model.get_layer("head").get_weights()
+    )
+    again = second.predict(
+        kte.distribute_dataset(fresh.strategy, examples(), BATCH), verbose=0
+    )
+    np.testing.assert_allclose(again, on_cpu, atol=1e-6)
+
+
+def test_dense_batch_by_one_ids_give_batch_by_dim(tpu):
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20), 4
+    )
+    with tpu.strategy.scope():
+        layer = kte.TPUEmbeddingLayer([column])
+        inputs = {"user": keras.Input((1,), dtype="int64", name="user")}
+        model = keras.Model(inputs, layer(inputs)["user_embedding"])
+    ids = tf.constant([[3], [5], [7]], tf.int64)
+    out = model.predict(
+        kte.distribute_dataset(
+            tpu.strategy,
+            tf.data.Dataset.from_tensor_slices({"user": ids}),
+            3,
+        ),
+        verbose=0,
+    )
+    assert out.shape == (3, 4)
+    cpu = kte.TPUEmbeddingLayer([column])({"user": ids})["user_embedding"]
+    assert cpu.shape == (3, 4)
+
+
+def test_translation_is_the_engine_config(tpu):
+    with tpu.strategy.scope():
+        model = build_model()
+    layers = [model.get_layer("embed"), model.get_layer("shared")]
+    built = layers[0].engine.mid_level._feature_config
+    columns, shared = _columns()
+    expected = {}
+    for cols in (columns, shared):
+        expected.update(kte.to_tpu_feature_configs(cols))
+    assert sorted(built) == sorted(expected) == FEATURES
+    for name, feature in built.items():
+        want = expected[name]
+        assert feature.name == want.name
+        assert feature.max_sequence_length == want.max_sequence_length
+        for field in ("name", "vocabulary_size", "dim", "combiner"):
+            assert getattr(feature.table, field) == getattr(want.table, field)
+    # Shared columns share one TableConfig object, as TF requires.
+    assert built["item_shared_embedding"].table is (
+        built["hist_shared_embedding"].table
+    )
+
+
+def test_layer_built_outside_the_strategy_fails_inside(tpu):
+    columns, _ = _columns()
+    layer = kte.TPUEmbeddingLayer(columns[:1])
+    layer({"user": tf.constant([[1]], tf.int64)})  # built on CPU
+    with pytest.raises(RuntimeError, match="built outside TPUStrategy"):
+        tpu.strategy.run(
+            tf.function(lambda: layer({"user": tf.constant([[1]], tf.int64)}))
+        )
+
+
+def test_layer_built_inside_the_strategy_fails_outside(tpu):
+    with tpu.strategy.scope():
+        model = build_model()
+    features, _ = next(iter(examples().batch(BATCH)))
+    with pytest.raises(RuntimeError, match="called outside that strategy"):
+        model(features)
+    with pytest.raises(ValueError, match="held by the TPU embedding engine"):
+        model.get_layer("embed").table_variable("user")
+
+
+def test_a_second_engine_object_fails_with_advice(tpu):
+    with tpu.strategy.scope():
+        columns, _ = _columns()
+        theirs = RecordingTPUEmbedding(kte.to_tpu_feature_configs(columns))
+        theirs.build()
+        model = build_model()
+    data = kte.distribute_dataset(tpu.strategy, examples(), BATCH)
+    with pytest.raises(RuntimeError, match="do not build your own"):
+        model.fit(data, epochs=1, verbose=0)
+
+
+def test_a_second_model_after_training_fails_at_build(tpu):
+    with tpu.strategy.scope():
+        model = build_model()
+    model.fit(
+        kte.distribute_dataset(tpu.strategy, examples(), BATCH),
+        epochs=1,
+        verbose=0,
+    )
+    with tpu.strategy.scope():
+        with pytest.raises(RuntimeError, match="ran its first step"):
+            build_model()
+
+
+def test_layers_that_cannot_share_the_engine_fail_at_build(tpu, monkeypatch):
+    columns, shared = _columns()
+    with tpu.strategy.scope():
+        with pytest.raises(ValueError, match="pipeline_execution"):
+            build_model(
+                shared_config=kte.EmbeddingConfig(
+                    pipeline_execution_with_tensor_core=True
+                )
+            )
+    fresh = StandInTPU(monkeypatch)
+    with fresh.strategy.scope():
+        inputs = _inputs()
+        kte.TPUEmbeddingLayer(columns)(
+            {k: inputs[k] for k in ("user", "tags", "tag_w")}
+        )
+        with pytest.raises(
+            ValueError,
+            match=r"'tpu_embedding_layer\w*' does not receive "
+            r"\['hist', 'item'\]",
+        ):
+            kte.SharedTPUEmbedding(shared)(inputs)
+    fresh = StandInTPU(monkeypatch)
+    with fresh.strategy.scope():
+        inputs = _inputs()
+        kte.SharedTPUEmbedding(shared[:1])(inputs)
+        with pytest.raises(ValueError, match="one SharedTPUEmbedding"):
+            kte.SharedTPUEmbedding(shared[1:])(inputs)
+
+
+@pytest.mark.parametrize(
+    "config, kwargs, message",
+    [
+        (kte.EmbeddingConfig(partition_strategy="mod"), {}, "'mod'"),
+        (None, {"return_sequence_lengths": True}, "no sequence lengths"),
+    ],
+)
+def test_engine_rejects_what_it_cannot_do(tpu, config, kwargs, message):
+    _, shared = _columns()
+    with tpu.strategy.scope():
+        with pytest.raises(ValueError, match=message):
+            kte.SharedTPUEmbedding(shared, config=config, **kwargs)(_inputs())
+
+
+def test_tpu_without_engine_falls_back_to_tensor_core(monkeypatch):
+    tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.NO_ENGINE)
+    shaped = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20),
+        4,
+        tensor_core_shape=[None, 2],
+    )
+    with tpu.strategy.scope():
+        layer = kte.TPUEmbeddingLayer([shaped])
+        layer.build({"user": (None, 2)})
+    assert layer.engine is None
+    assert [t.name for t in layer.local_table_specs] == ["user"]
+    assert layer._training_devices == {"user": LookupDevice.TPU_TENSOR_CORE}
+    unshaped = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 20), 4
+    )
+    with tpu.strategy.scope():
+        with pytest.raises(ValueError, match=r"\['item_embedding'\] have no"):
+            kte.TPUEmbeddingLayer([unshaped]).build({"item": (None, 2)})
