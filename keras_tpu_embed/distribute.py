@@ -50,6 +50,7 @@ def distribute_dataset(
     strategy: Any,
     dataset_or_fn: DatasetOrFn,
     global_batch_size: int | None = None,
+    preprocessor: Callable[[Any], Any] | None = None,
 ) -> Any:
     """Distributes examples so that embedding ids stay on the host.
 
@@ -65,6 +66,10 @@ def distribute_dataset(
         global_batch_size: The batch over all replicas; each replica gets
             `global_batch_size / num_replicas_in_sync` examples, with the
             last partial batch dropped so that shapes are static.
+        preprocessor: Applied on the host to the features of each
+            per-replica batch (the first item of `(features, labels)`
+            elements), typically a `kte.FeaturePreprocessor`, so that raw
+            strings become ids inside the input pipeline.
 
     Returns:
         A `tf.distribute.DistributedDataset` for `model.fit`, `evaluate` and
@@ -115,9 +120,12 @@ def distribute_dataset(
     def dataset_fn(context: Any) -> Any:
         dataset = make_host_dataset(context)
         per_replica = context.get_per_replica_batch_size(global_batch_size)
-        return dataset.batch(per_replica, drop_remainder=True).prefetch(
-            tf.data.AUTOTUNE
-        )
+        dataset = dataset.batch(per_replica, drop_remainder=True)
+        if preprocessor is not None:
+            dataset = dataset.map(
+                _on_features(preprocessor), num_parallel_calls=tf.data.AUTOTUNE
+            )
+        return dataset.prefetch(tf.data.AUTOTUNE)
 
     return strategy.distribute_datasets_from_function(
         dataset_fn,
@@ -134,3 +142,12 @@ def _sharded(dataset: Any) -> Callable[[Any], Any]:
         return dataset
 
     return host_dataset
+
+
+def _on_features(preprocessor: Callable[[Any], Any]) -> Callable[..., Any]:
+    def apply(*element: Any) -> Any:
+        if len(element) == 1:
+            return preprocessor(element[0])
+        return (preprocessor(element[0]),) + tuple(element[1:])
+
+    return apply

@@ -61,3 +61,16 @@ def test_bad_batch_sizes_and_inputs():
         kte.distribute_dataset(three_replicas, _examples(), 8)
     with pytest.raises(TypeError, match="tf.data.Dataset or a function"):
         kte.distribute_dataset(strategy, [1, 2, 3], 2)
+
+
+def test_preprocessor_runs_on_each_host_batch():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    column = kte.categorical_column_with_vocabulary_list("c", ["a", "b"])
+    raw = tf.data.Dataset.from_tensor_slices(
+        ({"c": tf.constant([["a"], ["b"], ["z"], ["a"]])}, tf.zeros(4))
+    )
+    batches = kte.distribute_dataset(
+        strategy, raw, 2, preprocessor=kte.FeaturePreprocessor([column])
+    )
+    ids = [x["c"].values.numpy().tolist() for x, _ in batches]
+    assert ids == [[0, 1], [-1, 0]]

@@ -150,6 +150,21 @@ def test_fit_evaluate_predict_drive_one_engine(tpu):
         assert layer.local_table_specs == []
 
 
+def test_sparse_core_protocol_passes_preserved_outputs_back(monkeypatch):
+    tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.V2)
+    with tpu.strategy.scope():
+        model = build_model()
+    data = kte.distribute_dataset(tpu.strategy, examples(), BATCH)
+    model.fit(data, epochs=1, verbose=0)
+    [engine] = tpu.built_objects
+    assert [event[0] for event in engine.events] == [
+        "enqueue",
+        "dequeue",
+        "apply_gradients",
+    ]
+    assert int(engine.runs["apply_gradients"]) == N // BATCH
+
+
 def test_tables_restore_across_tpu_and_cpu_both_ways(
     tpu, tmp_path, monkeypatch
 ):
