@@ -361,3 +361,10 @@ def test_tpu_without_engine_falls_back_to_tensor_core(monkeypatch):
     with tpu.strategy.scope():
         with pytest.raises(ValueError, match=r"\['item_embedding'\] have no"):
             kte.TPUEmbeddingLayer([unshaped]).build({"item": (None, 2)})
+
+
+def test_export_of_the_tpu_built_model_says_how(tpu, tmp_path):
+    with tpu.strategy.scope():
+        model = build_model()
+    with pytest.raises((RuntimeError, ValueError), match="engine_checkpoint"):
+        kte.export_saved_model(model, str(tmp_path / "serving"))
