@@ -368,3 +368,78 @@ def test_export_of_the_tpu_built_model_says_how(tpu, tmp_path):
         model = build_model()
     with pytest.raises((RuntimeError, ValueError), match="engine_checkpoint"):
         kte.export_saved_model(model, str(tmp_path / "serving"))
+
+
+def _single_table_model(column, config):
+    inputs = {"user": keras.Input((1,), dtype="int64", name="user")}
+    for key in config.feature_to_config_dict or {}:
+        inputs[key] = keras.Input((1,), dtype="int64", name=key)
+    outputs = kte.TPUEmbeddingLayer([column], config=config, name="embed")(
+        inputs
+    )
+    x = keras.layers.Concatenate()([outputs[k] for k in sorted(outputs)])
+    model = keras.Model(inputs, keras.layers.Dense(1)(x))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def _user_examples(extra=()):
+    ids = np.arange(16, dtype=np.int64)[:, None] % 20
+    features = {"user": ids, **{key: ids % 10 for key in extra}}
+    return tf.data.Dataset.from_tensor_slices((features, np.ones((16, 1))))
+
+
+@pytest.mark.parametrize(
+    "column_kwargs, config_kwargs, moves",
+    [
+        ({}, {}, True),
+        ({"learning_rate_fn": lambda step: 0.0}, {}, False),
+        ({}, {"gradient_multiplier_fn": lambda step: 0.0}, False),
+    ],
+)
+def test_learning_rate_and_multiplier_reach_the_engine(
+    tpu, column_kwargs, config_kwargs, moves
+):
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20), 4, **column_kwargs
+    )
+    config = kte.EmbeddingConfig(
+        optimizer=kte.optimizers.SGD(0.5), **config_kwargs
+    )
+    with tpu.strategy.scope():
+        model = _single_table_model(column, config)
+    data = kte.distribute_dataset(tpu.strategy, _user_examples(), 8)
+    model.fit(data, epochs=1, verbose=0)  # builds the engine
+    [engine] = tpu.built_objects
+    [table] = engine.embedding_tables.values()
+    before = table.numpy()
+    model.fit(data, epochs=1, verbose=0)
+    assert (np.abs(table.numpy() - before).max() > 0) == moves
+
+
+def test_users_own_feature_configs_pass_through(tpu):
+    raw = tf.tpu.experimental.embedding.FeatureConfig(
+        table=tf.tpu.experimental.embedding.TableConfig(
+            vocabulary_size=10, dim=2, name="their_table"
+        ),
+        name="their_feature",
+    )
+    config = kte.EmbeddingConfig(
+        feature_to_config_dict={"their_feature": raw},
+        pipeline_execution_with_tensor_core=True,
+    )
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20), 4
+    )
+    with tpu.strategy.scope():
+        model = _single_table_model(column, config)
+    layer = model.get_layer("embed")
+    assert layer.compute_output_spec({})["their_feature"].shape == (None, 2)
+    data = kte.distribute_dataset(
+        tpu.strategy, _user_examples(["their_feature"]), 8
+    )
+    model.fit(data, epochs=1, verbose=0)
+    [engine] = tpu.built_objects
+    assert engine._feature_config["their_feature"] is raw
+    assert engine.pipeline_execution_with_tensor_core is True
+    assert engine.events[0][2] == ("their_feature", "user_embedding")
