@@ -614,12 +614,15 @@ def apply_update(
         rows: `table`'s current rows at `unique_ids`, when the caller has
             them already (saves a random gather over the table).
         guard: A boolean scalar; when given, the step runs only if it is
-            true (an XLA-compatible `tf.cond`).
+            true (an XLA-compatible `tf.cond`). Skipped where a zero
+            gradient changes nothing (`_zero_gradient_is_noop`), which is
+            what the update then gets when the guard is false: under XLA the
+            conditional made the benchmark's training step 1.2x slower.
 
     Returns:
         The update ops, for control dependencies.
     """
-    if guard is not None:
+    if guard is not None and not _zero_gradient_is_noop(optimizer):
         done = tf.cond(
             guard,
             lambda: _with_done(
@@ -677,6 +680,21 @@ def apply_update(
 def _with_done(ops: list[Any]) -> Tensor:
     with tf.control_dependencies(ops):
         return tf.constant(True)
+
+
+def _zero_gradient_is_noop(optimizer: EmbeddingOptimizer) -> bool:
+    """Whether a step with an all-zero gradient leaves rows and slots as is.
+
+    True for SGD and Adagrad (whose accumulator stays > 0) without weight
+    decay or weight clipping; momenta, FTRL's linear slot, decay and clipping
+    all move a row that receives a zero gradient.
+    """
+    return (
+        type(optimizer) in (SGD, Adagrad)
+        and not optimizer.weight_decay_factor
+        and optimizer.clip_weight_min is None
+        and optimizer.clip_weight_max is None
+    )
 
 
 SUPPORTED_OPTIMIZERS: tuple[type, ...] = (

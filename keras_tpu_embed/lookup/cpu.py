@@ -59,30 +59,99 @@ def combine(
     return tf.math.divide_no_nan(summed, total[:, tf.newaxis])
 
 
-def pooled(embeddings: Tensor, batch: IdBatch, combiner: str) -> Tensor:
-    """One vector per example: `[batch, dim]`."""
+_SORTED_REDUCTIONS = {
+    "sum": tf.raw_ops.SparseSegmentSumWithNumSegments,
+    "mean": tf.raw_ops.SparseSegmentMeanWithNumSegments,
+    "sqrtn": tf.raw_ops.SparseSegmentSqrtNWithNumSegments,
+}
+
+
+def pooled(
+    source: Tensor, index: Tensor, batch: IdBatch, combiner: str
+) -> Tensor:
+    """One vector per example, `[batch, dim]`, from the rows `source[index]`.
+
+    Unweighted entries in row order take one fused sparse-segment op, which
+    reads each row once and writes no `[n, dim]` intermediate.
+    """
+    if batch.row_major and batch.weights is None:
+        return _SORTED_REDUCTIONS[combiner](
+            data=source,
+            indices=index,
+            segment_ids=batch.rows,
+            num_segments=batch.batch_size,
+        )
     return combine(
-        embeddings, batch.weights, batch.rows, batch.batch_size, combiner
+        tf.gather(source, index),
+        batch.weights,
+        batch.rows,
+        batch.batch_size,
+        combiner,
     )
 
 
 def sequence(
-    embeddings: Tensor, batch: IdBatch, combiner: str, max_length: int
+    source: Tensor,
+    index: Tensor,
+    batch: IdBatch,
+    combiner: str,
+    max_length: int,
+    padded_source: Tensor | None = None,
 ) -> Tensor:
     """One vector per position, zero-padded: `[batch, max_length, dim]`.
 
-    `batch` must already be truncated to `max_length`.
+    `batch` must already be truncated to `max_length`; the rows are
+    `source[index]`. When each position holds at most one entry (dense and
+    ragged inputs), combining a position is scaling its one row, so the
+    output is a gather from `source` with a zero row prepended
+    (`padded_source`, computed here when not given): measured, 2x faster
+    than the segment sums of the general case.
     """
+    dim = source.shape[-1]
     segments = batch.rows * max_length + batch.positions
-    flat = combine(
-        embeddings,
-        batch.weights,
-        segments,
-        batch.batch_size * max_length,
-        combiner,
+    size = batch.batch_size * max_length
+    if not batch.row_major:
+        flat = combine(
+            tf.gather(source, index), batch.weights, segments, size, combiner
+        )
+        return tf.reshape(flat, [-1, max_length, dim])
+    if padded_source is None:
+        padded_source = with_zero_row(source)
+    # Row `index + 1` of `padded_source` per position, 0 (zeros) where none.
+    # A segment max: one entry per segment, and measured 5x faster on CPU
+    # than `tf.scatter_nd` for this.
+    slots = tf.maximum(
+        tf.math.unsorted_segment_max(
+            tf.cast(index, tf.int32) + 1, segments, size
+        ),
+        0,
     )
-    dim = embeddings.shape[-1]
+    flat = tf.gather(padded_source, slots)
+    if batch.weights is not None:
+        factor = tf.math.unsorted_segment_sum(
+            position_factor(batch.weights, combiner), segments, size
+        )
+        flat = flat * tf.cast(factor, flat.dtype)[:, tf.newaxis]
     return tf.reshape(flat, [-1, max_length, dim])
+
+
+def with_zero_row(source: Tensor) -> Tensor:
+    """`source` `[n, dim]` with a row of zeros before it: `[n + 1, dim]`."""
+    zero = tf.zeros([1, source.shape[-1]], source.dtype)
+    return tf.concat([zero, source], axis=0)
+
+
+def position_factor(weights: Tensor, combiner: str) -> Tensor:
+    """What a position's combiner makes of its one row's weight `w`.
+
+    `sum` keeps `w`; `mean` divides `w * row` by `w`, `sqrtn` by `|w|`
+    (0 where `w` is 0, as `divide_no_nan` gives for an empty sum).
+    """
+    if combiner == "sum":
+        return weights
+    if combiner == "mean":
+        return tf.math.divide_no_nan(weights, weights)
+    return tf.math.divide_no_nan(weights, tf.abs(weights))
 
 
 def sequence_lengths(batch: IdBatch, max_length: int) -> Tensor:
@@ -139,7 +208,9 @@ class SparseTableLookup:
         """The distinct rows the batch reads, `[n_unique, dim]`."""
         names = [c.name for c in self.table.columns]
         ids = [self.batches[name].ids for name in names]
-        unique, index = tf.unique(tf.concat(ids, axis=0), tf.int64)
+        unique, index = distinct(
+            tf.concat(ids, axis=0), self.table.vocabulary_size
+        )
         parts = (
             tf.split(index, [tf.size(i) for i in ids])
             if len(ids) > 1
@@ -158,18 +229,32 @@ class SparseTableLookup:
     ) -> dict[str, Tensor]:
         """Activations per column (`compiled` is ignored: sparse ops)."""
         outputs = {}
+        padded = None
         for column in self.table.columns:
             batch = self.batches[column.name]
             if trapped_rows is None:
-                rows = tf.gather(variable, batch.ids)
+                # Serving: each entry's row straight from the table.
+                source = tf.gather(variable, batch.ids)
+                index = tf.range(tf.size(batch.ids))
+                padded_source = None
             else:
-                rows = tf.gather(trapped_rows, self._index[column.name])
+                source, index = trapped_rows, self._index[column.name]
+                if column.is_sequence and batch.row_major and padded is None:
+                    padded = with_zero_row(trapped_rows)
+                padded_source = padded
             if column.is_sequence:
                 outputs[column.name] = sequence(
-                    rows, batch, column.combiner, column.max_sequence_length
+                    source,
+                    index,
+                    batch,
+                    column.combiner,
+                    column.max_sequence_length,
+                    padded_source,
                 )
             else:
-                outputs[column.name] = pooled(rows, batch, column.combiner)
+                outputs[column.name] = pooled(
+                    source, index, batch, column.combiner
+                )
         return outputs
 
     def update_arguments(
@@ -181,6 +266,19 @@ class SparseTableLookup:
             "gradient": gradient,
             "rows": self._rows,
         }
+
+
+def distinct(ids: Tensor, vocabulary_size: int) -> tuple[Tensor, Tensor]:
+    """`tf.unique` of int64 ids: (distinct ids as int64, int32 index).
+
+    Ids below 2**31 are deduplicated as int32, which measured 2x faster than
+    int64 (2.8 vs 5.6 ms for 99k ids).
+    """
+    if vocabulary_size <= 2**31 - 1:
+        unique, index = tf.unique(tf.cast(ids, tf.int32), tf.int32)
+        return tf.cast(unique, tf.int64), index
+    unique, index = tf.unique(ids, tf.int32)
+    return unique, index
 
 
 def identity_default(column: Any) -> int | None:

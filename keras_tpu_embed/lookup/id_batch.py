@@ -29,6 +29,11 @@ class IdBatch:
         positions: int64 `[n]`: the id's index within its example (the
             sequence position for sequence columns).
         batch_size: int64 scalar.
+        row_major: Whether the entries are in (row, position) order with at
+            most one per pair, as dense and ragged inputs always are (a
+            Python bool, known when tracing). Sorted segment ops and the
+            one-row-per-position sequence lookup rely on it; sparse inputs
+            promise neither order nor uniqueness, so they go without.
     """
 
     ids: Tensor
@@ -36,6 +41,7 @@ class IdBatch:
     rows: Tensor
     positions: Tensor
     batch_size: Tensor
+    row_major: bool = False
 
     def keep(self, mask: Tensor) -> IdBatch:
         """The entries where `mask` is true."""
@@ -47,6 +53,7 @@ class IdBatch:
             rows=tf.boolean_mask(self.rows, mask),
             positions=tf.boolean_mask(self.positions, mask),
             batch_size=self.batch_size,
+            row_major=self.row_major,
         )
 
 
@@ -183,6 +190,7 @@ def to_id_batch(
             tf.cast(rows, tf.int64),
             tf.cast(positions, tf.int64),
             ids.nrows(out_type=tf.int64),
+            row_major=True,
         )
     if rank == 1:
         ids = ids[:, tf.newaxis]
@@ -211,6 +219,7 @@ def to_id_batch(
         rows=where[:, 0],
         positions=where[:, 1],
         batch_size=tf.shape(ids, out_type=tf.int64)[0],
+        row_major=True,
     )
 
 
