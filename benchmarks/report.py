@@ -1,0 +1,265 @@
+"""Ratios, targets, the printed table and the bar chart of a benchmark run.
+
+Every ratio divides two medians from one process: a candidate's speed-up is
+the anchor's median step time over its own, and its fraction of the bound is
+the bound's median over its own. Targets (issue 6) compare this package's
+best candidate with the best peer of the same workload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MIB = 2**20
+W1_TARGET = 1.5
+W2_TARGET = 1.5
+W3_TARGET = 1.25
+RSS_TARGET = 1.25
+
+
+def is_package(name: str) -> bool:
+    return name.startswith("kte")
+
+
+def rows(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per candidate of a workload (anchors once, from `tf`)."""
+    out = []
+    processes = workload["processes"]
+    for family, process in processes.items():
+        if "error" in process:
+            out.append(
+                {
+                    "name": f"({family})",
+                    "family": family,
+                    "error": process["error"],
+                }
+            )
+            continue
+        records = process["candidates"]
+        anchor = next(
+            (r for r in records.values() if r["role"] == "anchor"), None
+        )
+        bounds = [
+            r["median_step_s"] for r in records.values() if r["role"] == "bound"
+        ]
+        bound = min(bounds) if bounds else None
+        batch = process["spec"]["batch_size"]
+        for name, record in records.items():
+            if record["role"] != "candidate" and family != _home(processes):
+                continue
+            median = record["median_step_s"]
+            out.append(
+                {
+                    "name": name,
+                    "family": family,
+                    "role": record["role"],
+                    "description": record["description"],
+                    "form": record["form"],
+                    "median_ms": median * 1e3,
+                    "examples_per_s": batch / median,
+                    "steps_per_s": 1 / median,
+                    "speedup": anchor["median_step_s"] / median
+                    if anchor
+                    else None,
+                    "bound_fraction": bound / median if bound else None,
+                    "peak_rss_added_mib": record["peak_rss_added_bytes"] / MIB,
+                    "state_mib": record["state_bytes"] / MIB,
+                    "rss_over_state": (
+                        record["peak_rss_added_bytes"] / record["state_bytes"]
+                        if record["state_bytes"]
+                        else None
+                    ),
+                    "max_abs_diff": record.get("max_abs_diff_to_anchor"),
+                }
+            )
+    return out
+
+
+def _home(processes: dict[str, Any]) -> str:
+    """The family whose process reports the anchor and bound rows."""
+    ok = [f for f, p in processes.items() if "error" not in p]
+    return "tf" if "tf" in ok else (ok[0] if ok else "")
+
+
+def targets(results: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for workload, goal in (("W1", W1_TARGET), ("W2", W2_TARGET)):
+        if workload not in results:
+            continue
+        table = [r for r in results[workload]["rows"] if "error" not in r]
+        ours = [r for r in table if is_package(r["name"])]
+        peers = [
+            r
+            for r in table
+            if r["role"] in ("anchor", "candidate")
+            and not is_package(r["name"])
+        ]
+        if not ours or not peers:
+            continue
+        best = max(ours, key=lambda r: r["speedup"])
+        peer = max(peers, key=lambda r: r["speedup"])
+        ratio = best["speedup"] / peer["speedup"]
+        out[workload] = {
+            "ours": best["name"],
+            "fastest_peer": peer["name"],
+            "ratio": ratio,
+            "target": goal,
+            "met": ratio >= goal,
+        }
+        if workload == "W2":
+            rss = {r["name"]: r["rss_over_state"] for r in ours}
+            out["W2_rss"] = {
+                "rss_over_state": rss,
+                "target": RSS_TARGET,
+                "met": {
+                    name: value <= RSS_TARGET for name, value in rss.items()
+                },
+            }
+    if "W3" in results:
+        out["W3"] = {"paths": _scale(results["W3"]), "target": W3_TARGET}
+    return out
+
+
+def _scale(workload: dict[str, Any]) -> dict[str, Any]:
+    """W3 per path of the package: step times and bounds at each size."""
+    steps: dict[str, dict[int, float]] = {}
+    bounds: dict[str, dict[int, float]] = {}
+    for process in workload["processes"].values():
+        for name, record in process.get("candidates", {}).items():
+            path, size = name.split("@")
+            if path.startswith("gather_bound_"):
+                path = "kte_" + path[len("gather_bound_") :]
+                into = bounds
+            else:
+                into = steps
+            into.setdefault(path, {})[int(size)] = record["median_step_s"]
+    scale = {}
+    for path, times in steps.items():
+        sizes = sorted(times)
+        ratio = times[sizes[-1]] / times[sizes[0]]
+        bound = bounds.get(path, {})
+        scale[path] = {
+            "rows": sizes,
+            "step_ms": [times[n] * 1e3 for n in sizes],
+            "bound_ms": [bound[n] * 1e3 if n in bound else None for n in sizes],
+            "ratio": ratio,
+            "bound_ratio": (
+                bound[sizes[-1]] / bound[sizes[0]]
+                if sizes[0] in bound and sizes[-1] in bound
+                else None
+            ),
+            "met": ratio <= W3_TARGET,
+        }
+    return scale
+
+
+def _fmt(value: Any, spec: str, empty: str = "-") -> str:
+    return empty if value is None else format(value, spec)
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = []
+    for workload in ("W1", "W2"):
+        if workload not in results:
+            continue
+        training = workload == "W2"
+        unit = "steps/s" if training else "examples/s"
+        lines.append(
+            f"\n{workload} ({'training' if training else 'serving lookup'})"
+        )
+        lines.append(
+            f"{'candidate':34} {'form':6} {'ms':>7} {unit:>10} "
+            f"{'x anchor':>8} {'bound':>6} {'RSS+MiB':>8} {'RSS/state':>9} "
+            f"{'diff':>7}"
+        )
+        for row in results[workload]["rows"]:
+            if "error" in row:
+                lines.append(f"{row['name']:34} failed: {row['error'][:60]}")
+                continue
+            speed = row["steps_per_s"] if training else row["examples_per_s"]
+            lines.append(
+                f"{row['name']:34} {row['form']:6} {row['median_ms']:7.2f} "
+                f"{speed:10,.0f} {_fmt(row['speedup'], '8.2f')} "
+                f"{_fmt(row['bound_fraction'], '6.2f')} "
+                f"{row['peak_rss_added_mib']:8,.0f} "
+                f"{_fmt(row['rss_over_state'], '9.2f')} "
+                f"{_fmt(row['max_abs_diff'], '7.0e')}"
+            )
+    goals = results.get("targets", {})
+    if "W3" in goals:
+        lines.append("\nW3 (training step time against table rows)")
+        for path, scale in goals["W3"]["paths"].items():
+            steps = ", ".join(
+                f"{rows:,} rows {ms:.1f} ms (bound {_fmt(bound, '.1f')})"
+                for rows, ms, bound in zip(
+                    scale["rows"], scale["step_ms"], scale["bound_ms"]
+                )
+            )
+            lines.append(
+                f"{path}: {steps}; ratio {scale['ratio']:.2f}, bound ratio "
+                f"{_fmt(scale['bound_ratio'], '.2f')}"
+            )
+    lines.append("\nTargets")
+    for name in ("W1", "W2"):
+        if name in goals:
+            goal = goals[name]
+            lines.append(
+                f"{name}: {goal['ours']} / {goal['fastest_peer']} = "
+                f"{goal['ratio']:.2f}x (target >= {goal['target']}): "
+                f"{'met' if goal['met'] else 'NOT met'}"
+            )
+    if "W3" in goals:
+        for path, scale in goals["W3"]["paths"].items():
+            lines.append(
+                f"W3 {path}: {scale['ratio']:.2f} (target <= {W3_TARGET}): "
+                f"{'met' if scale['met'] else 'NOT met'}"
+            )
+    if "W2_rss" in goals:
+        for name, value in goals["W2_rss"]["rss_over_state"].items():
+            lines.append(
+                f"W2 RSS {name}: {value:.2f}x state (target <= {RSS_TARGET}): "
+                f"{'met' if value <= RSS_TARGET else 'NOT met'}"
+            )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    """Speed-up over the anchor per candidate, one panel per workload."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    panels = [w for w in ("W1", "W2") if w in results]
+    if not panels:
+        return
+    figure, axes = pyplot.subplots(
+        1, len(panels), figsize=(7 * len(panels), 5), squeeze=False
+    )
+    for axis, workload in zip(axes[0], panels):
+        table = [
+            r
+            for r in results[workload]["rows"]
+            if "error" not in r and r["speedup"]
+        ]
+        table.sort(key=lambda r: r["speedup"])
+        colors = [
+            "tab:green"
+            if is_package(r["name"])
+            else ("tab:gray" if r["role"] == "bound" else "tab:blue")
+            for r in table
+        ]
+        axis.barh(
+            [r["name"] for r in table],
+            [r["speedup"] for r in table],
+            color=colors,
+        )
+        axis.axvline(1.0, color="black", linewidth=0.8)
+        axis.set_xlabel(
+            "speed-up over safe_embedding_lookup_sparse (same process)"
+        )
+        kind = "training steps" if workload == "W2" else "serving lookups"
+        axis.set_title(f"{workload}: {kind}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)

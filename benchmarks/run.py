@@ -1,0 +1,151 @@
+"""The benchmark suite of issue 6: one command, every candidate, one table.
+
+    python benchmarks/run.py [--workloads W1,W2,W3] [--rounds 5] [--steps 10]
+                             [--out benchmarks/results] [--quick]
+
+Each family of candidates runs in a process of its own (peak RSS is then
+per candidate, and one family's allocator state cannot slow another), and
+every process measures the anchor, `tf.nn.safe_embedding_lookup_sparse`,
+and the gather bound itself, so every ratio is taken within one process.
+The `legacy` family runs with `TF_USE_LEGACY_KERAS=1`. Prints the table and
+the targets; writes `results.json` and `results.png` under `--out`.
+`--quick` shrinks batches and tables so that the whole suite runs in
+seconds (for the test); its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from benchmarks import report  # noqa: E402
+
+FAMILIES = {
+    "W1": ["tf", "keras", "keras_rs", "legacy", "kte"],
+    "W2": ["tf", "keras", "keras_rs", "legacy", "kte"],
+    "W3": ["kte", "kte_tensor_core"],
+}
+STEPS = {"W1": 20, "W2": 6, "W3": 6}
+"""Steps per candidate per round, unless --steps says otherwise."""
+
+
+def plan(workload: str, quick: bool) -> list[str]:
+    """The processes of a workload: a family each, or with `--quick` one
+    per script and only the cpu path in W3 (the numbers of a quick run are
+    only a smoke test, and each process start costs seconds of imports)."""
+    if not quick:
+        return FAMILIES[workload]
+    return ["kte"] if workload == "W3" else ["all", "legacy"]
+
+
+def run_family(
+    workload: str, family: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    script = "legacy_candidates.py" if family == "legacy" else "candidates.py"
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    if family == "legacy":
+        env["TF_USE_LEGACY_KERAS"] = "1"
+    else:
+        env.pop("TF_USE_LEGACY_KERAS", None)
+    command = [
+        sys.executable,
+        os.path.join(HERE, script),
+        "--workload",
+        workload,
+        "--family",
+        family,
+        "--rounds",
+        str(args.rounds),
+        "--steps",
+        str(args.steps or STEPS[workload]),
+    ]
+    if args.quick:
+        command.append("--quick")
+    print(f"{workload} {family} ...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"exit {done.returncode}: {tail[0]}"}
+    result: dict[str, Any] = json.loads(lines[-1])
+    result["wall_s"] = time.perf_counter() - started
+    return result
+
+
+def machine() -> dict[str, Any]:
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="W1,W2,W3")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--families", default="", help="comma-separated subset of families"
+    )
+    args = parser.parse_args(argv)
+    chosen = set(filter(None, args.families.split(",")))
+    results: dict[str, Any] = {
+        "command": " ".join(
+            ["python", "benchmarks/run.py"] + (argv or sys.argv[1:])
+        ),
+        "machine": machine(),
+    }
+    jobs = [
+        (workload, family)
+        for workload in args.workloads.split(",")
+        for family in plan(workload, args.quick)
+        if not chosen or family in chosen
+    ]
+    # Full runs measure one process at a time; a quick run (a smoke test
+    # whose numbers mean nothing) starts them all at once.
+    workers = len(jobs) if args.quick else 1
+    with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
+        done = list(pool.map(lambda job: run_family(*job, args), jobs))
+    for (workload, family), result in zip(jobs, done):
+        results.setdefault(workload, {"processes": {}})
+        results[workload]["processes"][family] = result
+    for workload in args.workloads.split(","):
+        if workload in results:
+            results[workload]["rows"] = report.rows(results[workload])
+    results["targets"] = report.targets(results)
+    text = report.table(results)
+    print(f"$ {results['command']}\n{text}")
+    os.makedirs(args.out, exist_ok=True)
+    results["table"] = text
+    with open(os.path.join(args.out, "results.json"), "w") as handle:
+        json.dump(results, handle, indent=1)
+    report.plot(results, os.path.join(args.out, "results.png"))
+    return results
+
+
+if __name__ == "__main__":
+    main()
