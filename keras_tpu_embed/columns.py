@@ -633,3 +633,17 @@ def sequence_categorical_column_with_hash_bucket(
     return _as_sequence(
         categorical_column_with_hash_bucket(key, hash_bucket_size, dtype)
     )
+
+
+def input_keys(columns: Any) -> list[str]:
+    """The feature keys `columns` read (ids, then weights), each once.
+
+    Takes categorical or embedding columns: both name their `feature_key`
+    and `weight_feature_key`.
+    """
+    keys = []
+    for column in columns:
+        keys.append(column.feature_key)
+        if column.weight_feature_key:
+            keys.append(column.weight_feature_key)
+    return list(dict.fromkeys(keys))

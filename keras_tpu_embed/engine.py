@@ -335,8 +335,7 @@ class SharedEngine:
                 features[feature] = inputs[ids_key]
                 weights[feature] = inputs[weights_key] if weights_key else None
         has_weights = any(w is not None for w in weights.values())
-        flat = _trapped_dequeue(
-            self,
+        flat = self._dequeue_with_trap(
             name,
             features,
             weights if has_weights else None,
@@ -377,6 +376,89 @@ class SharedEngine:
         ]
         return tf.add_n([tf.cast(c, tf.float32) for c in counts])
 
+    def _dequeue_with_trap(
+        self,
+        name: str,
+        features: dict[str, Tensor],
+        weights: dict[str, Tensor | None] | None,
+        trap_variables: list[Tensor],
+    ) -> list[Tensor]:
+        """Enqueue, then dequeue inside a trap whose gradient feeds the engine.
+
+        The dequeue has no differentiable input, so Keras' tape would never
+        reach it: it is wrapped in a custom-gradient function of the
+        layers' scalar trainable trap variables, whose backward pass
+        receives the activations' gradients and hands them to
+        `apply_gradients` (the pattern of TF's own Keras layers for the
+        engine). The enqueue always says `training=True`: with a name, TF's
+        graph rewrite switches it to inference when no `apply_gradients` of
+        that name exists (evaluate, predict).
+        """
+        mid_level = self._mid_level
+        preserved: list[Any] = []
+        if self.hardware is EmbeddingHardware.V1:
+            self._enqueue(features, weights, name)
+
+        @tf.custom_gradient
+        def trap(*dummies: Tensor) -> Any:
+            if self.hardware is EmbeddingHardware.V1:
+                activations = mid_level.dequeue(name=name)
+            else:
+                activations, kept = mid_level(features, weights)
+                preserved.append(kept)
+
+            def backward(*upstream: Tensor, variables: Any = None) -> Any:
+                flat_activations = tf.nest.flatten(activations)
+                gradients = [
+                    tf.zeros_like(a) if g is None else tf.convert_to_tensor(g)
+                    for g, a in zip(upstream, flat_activations)
+                ]
+                packed = self._scaled_gradients(
+                    tf.nest.pack_sequence_as(self._feature_configs, gradients)
+                )
+                if self.hardware is EmbeddingHardware.V1:
+                    mid_level.apply_gradients(packed, name=name)
+                else:
+                    mid_level.apply_gradients(
+                        packed, preserved_outputs=preserved[0]
+                    )
+                # A data dependency, not only a control edge: see
+                # sparse_training.trap_gradients.
+                done = self._count_step() * 0.0
+                dummy_gradients = [tf.zeros_like(d) + done for d in dummies]
+                if variables:
+                    # A mid-level object that looks up from variables it reads
+                    # itself (not the TPU's) trains them in `apply_gradients`.
+                    return dummy_gradients, [None] * len(variables)
+                return dummy_gradients
+
+            return tf.nest.flatten(activations), backward
+
+        return trap(*trap_variables)
+
+    def _enqueue(self, features: Any, weights: Any, name: str) -> None:
+        try:
+            self._mid_level.enqueue(features, weights, training=True, name=name)
+        except RuntimeError as error:
+            if "already initialized for embeddings" not in str(error):
+                raise
+            raise RuntimeError(
+                "Another TPU embedding engine object was built on this "
+                "TPU system before this model's. keras_tpu_embed builds one "
+                "tf.tpu.experimental.embedding.TPUEmbedding for all "
+                "embedding layers of a model: do not build your own next to "
+                "it, and train one model with embedding layers per TPU "
+                "system."
+            ) from error
+        except ValueError as error:
+            if "must be placed on the CPU" not in str(error):
+                raise
+            raise ValueError(
+                f"{error}\nThe TPU embedding engine reads ids on the host: "
+                "distribute the input with kte.distribute_dataset(strategy, "
+                "dataset, global_batch_size=...)."
+            ) from error
+
 
 def _is_dense_column_of_ones(value: Any) -> bool:
     return (
@@ -384,88 +466,3 @@ def _is_dense_column_of_ones(value: Any) -> bool:
         and value.shape.rank == 2
         and value.shape[-1] == 1
     )
-
-
-def _trapped_dequeue(
-    engine: SharedEngine,
-    name: str,
-    features: dict[str, Tensor],
-    weights: dict[str, Tensor | None] | None,
-    trap_variables: list[Tensor],
-) -> list[Tensor]:
-    """Enqueue, then dequeue inside a trap whose gradient feeds the engine.
-
-    The dequeue has no differentiable input, so Keras' tape would never
-    reach it: it is wrapped in a custom-gradient function of the layers'
-    scalar trainable trap variables, whose backward pass receives the
-    activations' gradients and hands them to `apply_gradients` (the pattern
-    of TF's own Keras layers for the engine). The enqueue always says
-    `training=True`: with a name, TF's graph rewrite switches it to
-    inference when no `apply_gradients` of that name exists (evaluate,
-    predict).
-    """
-    mid_level = engine.mid_level
-    structure = engine._feature_configs
-    preserved: list[Any] = []
-    if engine.hardware is EmbeddingHardware.V1:
-        _enqueue(mid_level, features, weights, name)
-
-    @tf.custom_gradient
-    def trap(*dummies: Tensor) -> Any:
-        if engine.hardware is EmbeddingHardware.V1:
-            activations = mid_level.dequeue(name=name)
-        else:
-            activations, kept = mid_level(features, weights)
-            preserved.append(kept)
-
-        def backward(*upstream: Tensor, variables: Any = None) -> Any:
-            flat_activations = tf.nest.flatten(activations)
-            gradients = [
-                tf.zeros_like(a) if g is None else tf.convert_to_tensor(g)
-                for g, a in zip(upstream, flat_activations)
-            ]
-            packed = engine._scaled_gradients(
-                tf.nest.pack_sequence_as(structure, gradients)
-            )
-            if engine.hardware is EmbeddingHardware.V1:
-                mid_level.apply_gradients(packed, name=name)
-            else:
-                mid_level.apply_gradients(
-                    packed, preserved_outputs=preserved[0]
-                )
-            # A data dependency, not only a control edge: see
-            # sparse_training.trap_gradients.
-            done = engine._count_step() * 0.0
-            dummy_gradients = [tf.zeros_like(d) + done for d in dummies]
-            if variables:
-                # A mid-level object that looks up from variables it reads
-                # itself (not the TPU's) trains them in `apply_gradients`.
-                return dummy_gradients, [None] * len(variables)
-            return dummy_gradients
-
-        return tf.nest.flatten(activations), backward
-
-    return trap(*trap_variables)
-
-
-def _enqueue(mid_level: Any, features: Any, weights: Any, name: str) -> None:
-    try:
-        mid_level.enqueue(features, weights, training=True, name=name)
-    except RuntimeError as error:
-        if "already initialized for embeddings" not in str(error):
-            raise
-        raise RuntimeError(
-            "Another TPU embedding engine object was built on this TPU "
-            "system before this model's. keras_tpu_embed builds one "
-            "tf.tpu.experimental.embedding.TPUEmbedding for all embedding "
-            "layers of a model: do not build your own next to it, and train "
-            "one model with embedding layers per TPU system."
-        ) from error
-    except ValueError as error:
-        if "CPU" not in str(error) and "cpu" not in str(error):
-            raise
-        raise ValueError(
-            f"{error}\nThe TPU embedding engine reads ids on the host: "
-            "distribute the input with kte.distribute_dataset(strategy, "
-            "dataset, global_batch_size=...)."
-        ) from error

@@ -17,6 +17,7 @@ from keras_tpu_embed import optimizers as optimizers_lib
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.column_conversion import to_embedding_columns
+from keras_tpu_embed.columns import input_keys
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
@@ -286,23 +287,15 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             self._engine.register(
                 self,
                 [c for t in engine_tables for c in t.columns],
-                self._input_keys(input_shape),
+                self._keys_from_shape(input_shape),
             )
         self.built = True
 
-    def _expected_keys(self) -> list[str]:
-        expected = []
-        for column in self.columns:
-            expected.append(column.feature_key)
-            if column.weight_feature_key:
-                expected.append(column.weight_feature_key)
-        return list(dict.fromkeys(expected))
-
-    def _input_keys(self, input_shape: Any) -> frozenset[str] | None:
+    def _keys_from_shape(self, input_shape: Any) -> frozenset[str] | None:
         """The feature keys this layer is called with, when build knows."""
         if isinstance(input_shape, dict):
             return frozenset(input_shape)
-        expected = self._expected_keys()
+        expected = input_keys(self.columns)
         if input_shape is not None and len(expected) == 1:
             return frozenset(expected)
         return None
@@ -356,7 +349,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     # ------------------------------------------------------------------- call
 
     def _features(self, inputs: Any) -> dict[str, Tensor]:
-        expected = self._expected_keys()
+        expected = input_keys(self.columns)
         if not isinstance(inputs, dict):
             if len(expected) == 1:
                 return {expected[0]: inputs}

@@ -253,12 +253,7 @@ class FeaturePreprocessor(keras.layers.Layer):
 
     @property
     def expected_keys(self) -> list[str]:
-        keys = []
-        for column in self.categorical_columns:
-            keys.append(column.feature_key)
-            if column.weight_feature_key:
-                keys.append(column.weight_feature_key)
-        return keys
+        return columns_lib.input_keys(self.categorical_columns)
 
     def call(self, features: dict[str, Tensor]) -> dict[str, Tensor]:
         if not isinstance(features, dict):
