@@ -35,6 +35,9 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover
         "KERAS_BACKEND=tensorflow before the first `import keras`."
     )
 
+from keras.src.backend.common.stateless_scope import (  # noqa: E402
+    in_stateless_scope as keras_in_stateless_scope,
+)
 from keras.src.backend.common.symbolic_scope import (  # noqa: E402
     in_symbolic_scope as keras_in_symbolic_scope,
 )
@@ -53,6 +56,7 @@ __all__ = [
     "tf_feature_column_v2",
     "tf_sequence_feature_column",
     "tf_init_ops",
+    "keras_in_stateless_scope",
     "keras_in_symbolic_scope",
     "tf_tpu_feature_column_v2",
 ]

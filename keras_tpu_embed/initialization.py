@@ -7,8 +7,15 @@ allocator. Filling the table a block of rows at a time keeps the overhead to
 one block. That is only sound for initializers whose values do not depend on
 the shape they are asked for and that draw fresh random numbers per call:
 the element-wise Keras distributions without a seed. Every other initializer
-runs in one piece, inside one `tf.function` (which at least avoids the eager
-overhead of constants).
+runs in one piece.
+
+Everything here runs eagerly, outside any graph being traced: a
+`tf.function` made per table is traced once per table and makes TensorFlow
+log "triggered tf.function retracing" on every build with a few tables.
+Inside Keras' symbolic build of a subclassed model the variable does not
+exist yet (Keras creates it later, outside the trace), so the table is then
+initialized in one piece by Keras itself; the block fill needs a real
+variable to write into.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from keras_tpu_embed._compat import keras
+from keras_tpu_embed._compat import keras_in_stateless_scope
 from keras_tpu_embed._compat import tf
 
 BLOCK_BYTES = 64 * 2**20
@@ -50,21 +58,20 @@ def create_table(
 ) -> Any:
     """`layer.add_weight` for a non-trainable float32 table, filled cheaply.
 
-    Zeros are created in one graph (no overhead measured); element-wise
-    initializers then fill the table by blocks; any other initializer runs
-    in one piece.
+    Element-wise initializers fill the table by blocks after it is created
+    with zeros; any other initializer runs in one piece.
     """
-    zeros = type(initializer) is keras.initializers.Zeros or (
-        type(initializer) is keras.initializers.Constant
-        and initializer.value == 0
+    by_blocks = (
+        fills_by_blocks(initializer)
+        and not _is_zero(initializer)
+        # In Keras' symbolic build the variable is only created after the
+        # trace, by Keras, from the initializer it is given.
+        and not keras_in_stateless_scope()
     )
-    by_blocks = not zeros and fills_by_blocks(initializer)
     variable = layer.add_weight(
         name=name,
         shape=shape,
-        initializer=in_one_graph(
-            keras.initializers.Zeros() if by_blocks or zeros else initializer
-        ),
+        initializer=keras.initializers.Zeros() if by_blocks else initializer,
         dtype="float32",
         trainable=False,
         autocast=False,
@@ -74,31 +81,23 @@ def create_table(
     return variable
 
 
-def in_one_graph(initializer: Any) -> Any:
-    """`initializer` as a callable `(shape, dtype)` run in one graph."""
-
-    def initialize(shape: Any, dtype: Any = None) -> Any:
-        build = tf.function(
-            lambda: initializer(shape, dtype=dtype), autograph=False
-        )
-        return build()
-
-    return initialize
+def _is_zero(initializer: Any) -> bool:
+    return type(initializer) is keras.initializers.Zeros or (
+        type(initializer) is keras.initializers.Constant
+        and initializer.value == 0
+    )
 
 
 def fill_by_blocks(variable: Any, initializer: Any) -> None:
     """Overwrites a rank-2 `variable` block by block with `initializer`."""
-    target = variable.value if hasattr(variable, "value") else variable
-    rows, dim = (int(d) for d in target.shape)
-    block = max(1, BLOCK_BYTES // (max(dim, 1) * target.dtype.size))
-
-    @tf.function(autograph=False)
-    def fill(start: Any, size: Any) -> None:
-        values = initializer((size, dim), dtype=target.dtype.name)
-        # A scatter writes in place; a sliced assign copied the whole table.
-        rows_ids = tf.range(start, start + size)
-        target.scatter_update(tf.IndexedSlices(values, rows_ids))
-
-    for start in range(0, rows, block):
-        size = min(block, rows - start)
-        fill(tf.constant(start), tf.constant(size))
+    with tf.init_scope():
+        target = variable.value if hasattr(variable, "value") else variable
+        rows, dim = (int(d) for d in target.shape)
+        block = max(1, BLOCK_BYTES // (max(dim, 1) * target.dtype.size))
+        for start in range(0, rows, block):
+            size = min(block, rows - start)
+            values = initializer((size, dim), dtype=target.dtype.name)
+            # A scatter writes in place; a sliced assign copied the table.
+            target.scatter_update(
+                tf.IndexedSlices(values, tf.range(start, start + size))
+            )

@@ -41,3 +41,35 @@ def test_constants_and_seeded_initializers():
     )
     glorot = keras.initializers.GlorotUniform()
     assert not initialization.fills_by_blocks(glorot)
+
+
+def test_creating_tables_logs_nothing():
+    """Issue: every build printed TF's "triggered tf.function retracing"."""
+    import logging
+
+    import tensorflow as tf
+
+    records = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = _Collect(level=logging.DEBUG)
+    logger = tf.get_logger()
+    logger.addHandler(handler)
+    try:
+        layer = _Holder()
+        for i in range(8):
+            initialization.create_table(
+                layer, f"t{i}", (50, 4), keras.initializers.TruncatedNormal()
+            )
+            initialization.create_table(
+                layer, f"g{i}", (50, 4), keras.initializers.GlorotUniform()
+            )
+            initialization.create_table(
+                layer, f"z{i}", (50, 4), keras.initializers.Zeros()
+            )
+    finally:
+        logger.removeHandler(handler)
+    assert not [r for r in records if "retracing" in r], records
