@@ -34,8 +34,8 @@ def restore_tables(
     """Restores every table and slot from a checkpoint, or raises.
 
     The checkpoint is one written with
-    `tf.train.Checkpoint(**{prefix: engine_checkpoint(...)})`, here or by the
-    TPU mid-level API.
+    `tf.train.Checkpoint(**{prefix: engine_checkpoint(...)})`, by `save` or
+    by `write`, here or by the TPU mid-level API.
 
     Raises:
         ValueError: a table or slot of the model is missing from the
@@ -69,12 +69,20 @@ def restore_tables(
             + "; ".join(problems)
             + f". The checkpoint holds: {found}."
         )
+    # `read`, not `restore`: `restore` also expects the `save_counter` that
+    # only `Checkpoint.save` writes, which made good `write` checkpoints
+    # look damaged.
     try:
-        status = tf.train.Checkpoint(**{prefix: view}).restore(path)
-        status.assert_existing_objects_matched()
-        status.expect_partial()
-    except (tf.errors.OpError, AssertionError) as error:
+        status = tf.train.Checkpoint(**{prefix: view}).read(path)
+    except tf.errors.OpError as error:
         raise _damaged(path, error) from error
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as error:
+        raise ValueError(
+            f"Cannot restore the embedding tables from {path}: {error}"
+        ) from error
+    status.expect_partial()
 
 
 def load_model(path: str, **kwargs: Any) -> keras.Model:

@@ -46,6 +46,34 @@ def test_restore_tables_round_trip(tmp_path):
     )
 
 
+@pytest.mark.parametrize("how", ["write", "save"])
+def test_restore_tables_reads_write_and_save_checkpoints(tmp_path, how):
+    """`write` keeps no save counter; that is no reason to call it corrupt."""
+    source, target = _layer(), _layer()
+    source.table_variable("item").assign(
+        np.arange(40, dtype="float32").reshape(10, 4)
+    )
+    source.slot_variables("item")["accumulators"].assign(
+        np.full((10, 4), 0.5, "float32")
+    )
+    checkpoint = tf.train.Checkpoint(embedding=kte.engine_checkpoint(source))
+    path = getattr(checkpoint, how)(str(tmp_path / "ck"))
+    kte.restore_tables(target, path)
+    np.testing.assert_array_equal(
+        target.table_variable("item").numpy(),
+        source.table_variable("item").numpy(),
+    )
+    np.testing.assert_array_equal(
+        target.slot_variables("item")["accumulators"].numpy(),
+        np.full((10, 4), 0.5, "float32"),
+    )
+    # Real damage is still named as such, for both kinds of checkpoint.
+    data = glob.glob(path + ".data-*")[0]
+    _flip_byte(data, 16)
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        kte.restore_tables(_layer(), path)
+
+
 def test_renamed_table_is_named(tmp_path):
     path = _save(_layer("product"), tmp_path / "ck")
     with pytest.raises(ValueError, match=r"table 'item' is missing.*'product'"):
