@@ -9,15 +9,36 @@ puts tables on top.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import os
 from typing import Any
+from typing import Iterator
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 
 _STRING_DTYPES = ("string",)
 _INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16")
+
+
+_FROM_ARCHIVE = contextvars.ContextVar("kte_from_archive", default=False)
+
+
+@contextlib.contextmanager
+def vocabulary_files_from_archive() -> Iterator[None]:
+    """Columns built inside may name vocabulary files that do not exist.
+
+    Layers rebuilt by `keras.models.load_model` take their vocabulary files
+    from the archive's assets after their config (`vocabulary_assets.py`);
+    until then such a column keeps the `vocabulary_size` of its config.
+    """
+    token = _FROM_ARCHIVE.set(True)
+    try:
+        yield
+    finally:
+        _FROM_ARCHIVE.reset(token)
 
 
 def _register(cls: type) -> type:
@@ -208,6 +229,12 @@ class VocabularyFileColumn(CategoricalColumn):
         if not self.vocabulary_file:
             raise ValueError(f"Missing vocabulary_file in {self.key}.")
         _check_vocabulary_dtype(self.key, self.dtype)
+        if (
+            _FROM_ARCHIVE.get()
+            and self.vocabulary_size is not None
+            and not os.path.exists(self.vocabulary_file)
+        ):
+            return  # the archive's copy replaces the file (load_assets)
         tokens = read_vocabulary_file(
             self.vocabulary_file, self.key, self.dtype
         )

@@ -14,10 +14,12 @@ from typing import Sequence
 from keras_tpu_embed import engine as engine_lib
 from keras_tpu_embed import initialization
 from keras_tpu_embed import optimizers as optimizers_lib
+from keras_tpu_embed import vocabulary_assets
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.column_conversion import to_embedding_columns
 from keras_tpu_embed.columns import input_keys
+from keras_tpu_embed.columns import vocabulary_files_from_archive
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
@@ -262,6 +264,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 )
                 for slot in optimizer.SLOTS
             }
+        self._track_tables()
         self.embedding_step = self.add_weight(
             name="embedding_step",
             shape=(),
@@ -290,6 +293,23 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 self._keys_from_shape(input_shape),
             )
         self.built = True
+
+    def _track_tables(self) -> None:
+        """Puts the tables and slots in the TensorFlow object graph.
+
+        Keras tracks variables in its own lists, which `tf.train.Checkpoint`
+        does not see. Under `embedding_tables` every table is tracked as
+        `<table>` and every slot as `<table>/<slot>` (the names of the TPU
+        mid-level API), so `tf.train.Checkpoint(model=...)` and
+        `CheckpointManager` save and restore them, and a checkpoint read
+        before the layer is built is restored into them at build.
+        """
+        tables = tf.Module(name="embedding_tables")
+        for name, variable in self._tables.items():
+            setattr(tables, name, variable)
+            for slot, slot_variable in self._slots[name].items():
+                setattr(tables, f"{name}/{slot}", slot_variable)
+        self.embedding_tables = tables
 
     def _keys_from_shape(self, input_shape: Any) -> frozenset[str] | None:
         """The feature keys this layer is called with, when build knows."""
@@ -545,13 +565,29 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Any:
         config = dict(config)
-        config["columns"] = [
-            keras.saving.deserialize_keras_object(c) for c in config["columns"]
-        ]
+        with vocabulary_files_from_archive():
+            config["columns"] = [
+                keras.saving.deserialize_keras_object(c)
+                for c in config["columns"]
+            ]
         config["config"] = keras.saving.deserialize_keras_object(
             config["config"]
         )
         return cls(**config)
+
+    def save_assets(self, dir_path: str) -> None:
+        """Copies the columns' vocabulary files into a `.keras` archive."""
+        vocabulary_assets.save_vocabularies(self.columns, dir_path)
+
+    def load_assets(self, dir_path: str) -> None:
+        """Points the columns at the vocabularies the archive carries."""
+        self.columns = vocabulary_assets.load_vocabularies(
+            self.columns, dir_path
+        )
+        by_name = {t.name: t for t in group_into_tables(self.columns)}
+        self.table_specs = list(by_name.values())
+        if self.built:
+            self._local_tables = [by_name[t.name] for t in self._local_tables]
 
 
 def _learning_rate(table: TableSpec, config: EmbeddingConfig, step: Any) -> Any:

@@ -9,11 +9,13 @@ Its output is the input of `TPUEmbeddingLayer` / `SharedTPUEmbedding`.
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 from typing import Iterable
 
 from keras_tpu_embed import columns as columns_lib
+from keras_tpu_embed import vocabulary_assets
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.column_conversion import to_categorical_column
@@ -149,6 +151,10 @@ class _IdMapper:
                 initializer, base.num_oov_buckets, base.default_value
             )
         elif isinstance(base, columns_lib.VocabularyFileColumn):
+            if not os.path.exists(base.vocabulary_file):
+                # Rebuilt from a `.keras` config: the archive's copy of the
+                # file arrives in `load_assets`; calling before that fails.
+                return
             key_dtype = tf.string if base.dtype == "string" else tf.int64
             initializer = tf.lookup.TextFileInitializer(
                 filename=base.vocabulary_file,
@@ -188,6 +194,11 @@ class _IdMapper:
             if values.dtype != tf.string:
                 values = tf.strings.as_string(values)
             return tf.strings.to_hash_bucket_fast(values, base.hash_bucket_size)
+        if self.table is None:
+            # Only a vocabulary-file column whose file is gone gets here.
+            columns_lib.read_vocabulary_file(
+                base.vocabulary_file, base.key, base.input_dtype
+            )
         if values.dtype.is_integer and values.dtype != tf.int64:
             values = tf.cast(values, tf.int64)
         return self.table.lookup(values)
@@ -350,10 +361,24 @@ class FeaturePreprocessor(keras.layers.Layer):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> FeaturePreprocessor:
         config = dict(config)
-        config["columns"] = [
-            keras.saving.deserialize_keras_object(c) for c in config["columns"]
-        ]
+        with columns_lib.vocabulary_files_from_archive():
+            config["columns"] = [
+                keras.saving.deserialize_keras_object(c)
+                for c in config["columns"]
+            ]
         return cls(**config)
+
+    def save_assets(self, dir_path: str) -> None:
+        """Copies the vocabulary files into a `.keras` archive."""
+        vocabulary_assets.save_vocabularies(self._columns_arg, dir_path)
+
+    def load_assets(self, dir_path: str) -> None:
+        """Rebuilds the lookup tables from the archive's vocabularies."""
+        self._columns_arg = vocabulary_assets.load_vocabularies(
+            self._columns_arg, dir_path
+        )
+        self.categorical_columns = categorical_columns_of(self._columns_arg)
+        self._mappers = [_IdMapper(c) for c in self.categorical_columns]
 
 
 def _as_spec(column: Any) -> Any:

@@ -1,0 +1,140 @@
+"""Vocabulary files that travel inside `.keras` archives.
+
+A vocabulary-file column names a file on disk. Keras' `StringLookup` keeps
+its vocabulary in the archive's assets (`save_assets` / `load_assets`); the
+layers of this package do the same, so a `.keras` file loads with the
+original file gone or changed:
+
+- `save_assets` copies every vocabulary file the layer's columns name into
+  the archive, with a manifest (`vocabularies.json`) of where each came from,
+  its line count and its SHA-256;
+- `keras.models.load_model` rebuilds the layer from its config first. Inside
+  `columns.vocabulary_files_from_archive()`, a column whose file is missing is
+  accepted with the `vocabulary_size` its config recorded (the table's row
+  count), and reads nothing;
+- `load_assets` then extracts each vocabulary to a directory that lives as
+  long as the process and points the columns at it, after checking its
+  digest against the manifest.
+
+A column still pointing at a missing file after all this fails where its
+tokens are needed (the preprocessor), naming the file.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+from typing import Sequence
+
+from keras_tpu_embed.columns import VocabularyFileColumn
+
+MANIFEST = "vocabularies.json"
+
+_EXTRACTED: list[str] = []
+
+
+def vocabulary_file_columns(columns: Sequence[Any]) -> list[Any]:
+    """The `VocabularyFileColumn`s under `columns`, one per file path."""
+    found: dict[str, Any] = {}
+    for column in columns:
+        base = _innermost(column)
+        if isinstance(base, VocabularyFileColumn):
+            found.setdefault(base.vocabulary_file, base)
+    return list(found.values())
+
+
+def _innermost(column: Any) -> Any:
+    while hasattr(column, "categorical_column"):
+        column = column.categorical_column
+    return column
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_vocabularies(columns: Sequence[Any], directory: str) -> None:
+    """Copies the vocabulary files of `columns` into `directory`."""
+    manifest = {}
+    for index, column in enumerate(vocabulary_file_columns(columns)):
+        source = column.vocabulary_file
+        if not os.path.exists(source):
+            raise ValueError(
+                f"Cannot save the vocabulary of column '{column.key}': "
+                f"{source} does not exist. Restore the file (or load the "
+                "model from a .keras archive that carries it) before saving."
+            )
+        asset = f"vocabulary_{index}.txt"
+        shutil.copyfile(source, os.path.join(directory, asset))
+        manifest[source] = {
+            "asset": asset,
+            "column": column.key,
+            "vocabulary_size": column.vocabulary_size,
+            "sha256": _sha256(source),
+        }
+    with open(os.path.join(directory, MANIFEST), "w") as handle:
+        json.dump(manifest, handle, indent=1, sort_keys=True)
+
+
+def load_vocabularies(columns: Sequence[Any], directory: str) -> list[Any]:
+    """`columns` pointing at the vocabularies extracted from `directory`.
+
+    Raises:
+        ValueError: a vocabulary in the archive does not match its manifest
+            (the archive was edited or damaged).
+    """
+    manifest_path = os.path.join(directory, MANIFEST)
+    if not os.path.exists(manifest_path):
+        return list(columns)  # saved without vocabulary files
+    with open(manifest_path) as handle:
+        manifest = json.load(handle)
+    moved = {}
+    for source, entry in manifest.items():
+        asset = os.path.join(directory, entry["asset"])
+        if not os.path.exists(asset) or _sha256(asset) != entry["sha256"]:
+            raise ValueError(
+                f"The vocabulary of column '{entry['column']}' in this "
+                f"archive ({entry['asset']}, saved from {source}) is missing "
+                "or does not match its recorded SHA-256: the archive was "
+                "edited or damaged."
+            )
+        target = os.path.join(_extraction_directory(), entry["sha256"])
+        if not os.path.exists(target):
+            shutil.copyfile(asset, target)
+        moved[source] = target
+    return [_with_vocabulary_files(column, moved) for column in columns]
+
+
+def _with_vocabulary_files(column: Any, moved: dict[str, str]) -> Any:
+    """`column` with its vocabulary file replaced per `moved`, if listed."""
+    if isinstance(column, VocabularyFileColumn):
+        target = moved.get(column.vocabulary_file)
+        if target is None:
+            return column
+        return dataclasses.replace(column, vocabulary_file=target)
+    inner = getattr(column, "categorical_column", None)
+    if inner is None:
+        return column
+    replaced = _with_vocabulary_files(inner, moved)
+    if replaced is inner:
+        return column
+    return dataclasses.replace(column, categorical_column=replaced)
+
+
+def _extraction_directory() -> str:
+    """A directory for extracted vocabularies, removed at exit."""
+    if not _EXTRACTED:
+        path = tempfile.mkdtemp(prefix="keras_tpu_embed_vocabularies_")
+        _EXTRACTED.append(path)
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return _EXTRACTED[0]
