@@ -12,6 +12,7 @@ import os
 import zipfile
 from typing import Any
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from keras_tpu_embed._compat import keras
@@ -115,13 +116,108 @@ def load_saved_model(path: str) -> Any:
     TensorFlow checks the CRC of every tensor it reads from the variables
     files; a damaged graph fails to parse.
 
+    The loaded object also gets `serve(**features)`: `serving_default`
+    called with each feature converted to the dtype of its signature, so
+    that integer ids of any width (int8 to int64, uint8 to uint64 below
+    2**63, numpy or TensorFlow) and integer weights are accepted. The
+    signature itself takes int64 ids, as TF Serving expects; a caller
+    holding only TensorFlow must cast int32 ids to int64 itself.
+
+    Returns:
+        The loaded SavedModel, with `serve`.
+
     Raises:
         ValueError: the SavedModel is truncated or corrupt.
     """
     try:
-        return tf.saved_model.load(path)
+        loaded = tf.saved_model.load(path)
     except (tf.errors.OpError, OSError, ValueError, DecodeError) as error:
         raise _damaged(path, error) from error
+    if "serving_default" in loaded.signatures:
+        loaded.serve = SignatureCaller(loaded.signatures["serving_default"])
+    return loaded
+
+
+class SignatureCaller:
+    """Calls a signature after converting each feature to its dtype.
+
+    Ids are cast from any integer width to the signature's int64, weights
+    from integers to float32. What cannot be converted without changing a
+    value is refused, naming the feature: float or boolean ids, uint64 ids
+    of 2**63 or more, features of rank other than 1 or 2.
+    """
+
+    def __init__(self, signature: Any) -> None:
+        self.signature = signature
+        self.specs: dict[str, Any] = dict(
+            signature.structured_input_signature[1]
+        )
+
+    def __call__(self, **features: Any) -> dict[str, Any]:
+        missing = sorted(set(self.specs) - set(features))
+        if missing:
+            raise KeyError(
+                f"Missing feature '{missing[0]}'. Expected keys: "
+                f"{sorted(self.specs)}. Received keys: {sorted(features)}."
+            )
+        unknown = sorted(set(features) - set(self.specs))
+        if unknown:
+            raise KeyError(
+                f"Unknown features {unknown}: the signature takes "
+                f"{sorted(self.specs)}."
+            )
+        return dict(
+            self.signature(
+                **{
+                    key: _convert_feature(key, value, self.specs[key].dtype)
+                    for key, value in features.items()
+                }
+            )
+        )
+
+
+def _convert_feature(key: str, value: Any, dtype: Any) -> Any:
+    if isinstance(value, tf.Tensor):
+        tensor = value
+    else:
+        array = np.asarray(value)
+        if array.dtype == object or array.dtype.kind in "US":
+            array = array.astype(object)
+            tensor = tf.constant(array, tf.string)
+        else:
+            tensor = tf.constant(array)
+    if tensor.shape.rank not in (1, 2):
+        raise ValueError(
+            f"Feature '{key}' must be [batch] or [batch, n]. Received shape "
+            f"{tensor.shape.as_list()}."
+        )
+    if tensor.dtype == dtype:
+        return tensor
+    if dtype == tf.string or tensor.dtype == tf.string:
+        raise TypeError(
+            f"Feature '{key}' must hold {dtype.name} values. Received dtype "
+            f"{tensor.dtype.name}."
+        )
+    if dtype.is_integer:
+        if not tensor.dtype.is_integer:
+            raise TypeError(
+                f"Feature '{key}' holds ids and must be integers. Received "
+                f"dtype {tensor.dtype.name}; casting would change ids."
+            )
+        if tensor.dtype == tf.uint64 and bool(
+            tf.reduce_any(tensor > tf.constant(2**63 - 1, tf.uint64))
+        ):
+            raise ValueError(
+                f"Feature '{key}' has uint64 ids of 2**63 or more, which do "
+                "not fit the signature's int64."
+            )
+        return tf.cast(tensor, dtype)
+    if not (tensor.dtype.is_integer or tensor.dtype.is_floating):
+        raise TypeError(
+            f"Feature '{key}' must be numeric. Received dtype "
+            f"{tensor.dtype.name}."
+        )
+    return tf.cast(tensor, dtype)
 
 
 def validate_tables(model_or_layer: Any) -> dict[str, list[int]]:

@@ -8,6 +8,7 @@ import sys
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
@@ -16,6 +17,7 @@ import keras_tpu_embed as kte
 SERVE_SCRIPT = """
 import json, sys
 import numpy as np
+import pytest
 import tensorflow as tf
 assert "keras_tpu_embed" not in sys.modules
 serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
@@ -161,3 +163,35 @@ def test_serving_signature_names_raw_features(tmp_path):
     np.testing.assert_array_equal(
         signature(**feeds)["score"], signature(**_feeds())["score"]
     )
+
+
+def test_serve_casts_integer_ids_of_any_width(tmp_path):
+    """The int64 signature refused int32 ids with TF's generic error."""
+    vocabulary = tmp_path / "users.txt"
+    vocabulary.write_text("u1\nu2\nu3\n")
+    pre, model = _build(str(vocabulary))
+    export = kte.export_saved_model(
+        model, str(tmp_path / "e"), preprocessor=pre
+    )
+    loaded = kte.load_saved_model(export)
+    want = loaded.signatures["serving_default"](**_feeds())["score"]
+    for dtype in (tf.int32, tf.int16, tf.uint8, tf.uint32):
+        feeds = _feeds()
+        feeds["item"] = tf.cast(feeds["item"], dtype)
+        feeds["hist"] = tf.cast(tf.maximum(feeds["hist"], 0), dtype)
+        expected_feeds = _feeds()
+        expected_feeds["hist"] = tf.maximum(expected_feeds["hist"], 0)
+        expected = loaded.signatures["serving_default"](**expected_feeds)
+        np.testing.assert_array_equal(
+            loaded.serve(**feeds)["score"], expected["score"]
+        )
+    # numpy int32 and Python lists too; int weights become float32.
+    feeds = {k: np.asarray(v["value"]) for k, v in RAW.items()}
+    feeds["item"] = feeds["item"].astype(np.int32)
+    np.testing.assert_array_equal(loaded.serve(**feeds)["score"], want)
+    with pytest.raises(TypeError, match="Feature 'item'.*float64"):
+        loaded.serve(**dict(feeds, item=np.array([1.0, 2.0, 9.0])))
+    with pytest.raises(ValueError, match="Feature 'item'.*2\\*\\*63"):
+        loaded.serve(**dict(feeds, item=np.array([2**63, 1, 1], np.uint64)))
+    with pytest.raises(KeyError, match="Missing feature 'item'"):
+        loaded.serve(**{k: v for k, v in feeds.items() if k != "item"})
