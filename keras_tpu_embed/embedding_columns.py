@@ -90,7 +90,13 @@ class _EmbeddingSpec:
         device = parse_lookup_device(self.embedding_lookup_device)
         shape = _check_tensor_core_shape(self.tensor_core_shape, column.name)
         object.__setattr__(self, "tensor_core_shape", shape)
-        if device is LookupDevice.TPU_TENSOR_CORE and shape is None:
+        # Sequence columns are padded to `max_sequence_length` already, so
+        # that is their width; TF's own column asks for the shape anyway.
+        if (
+            device is LookupDevice.TPU_TENSOR_CORE
+            and shape is None
+            and not column.is_sequence
+        ):
             raise ValueError(
                 "Using embedding_lookup_device=tpu_tensor_core requires "
                 f"tensor_core_shape to be set. Column: {column.name}"
@@ -287,9 +293,16 @@ def embedding_column(
         learning_rate_fn: Function of the global embedding step returning
             this table's learning rate; overrides the optimizer's rate.
         embedding_lookup_device: `None`, `"cpu"`, `"tpu_tensor_core"` or
-            `"tpu_embedding_core"` (DESIGN §3).
+            `"tpu_embedding_core"`: where lookups run. `None` is the TPU
+            embedding engine when training under `TPUStrategy` on a TPU
+            with one, the default device elsewhere, and the host CPU in a
+            serving export; `"tpu_tensor_core"` is a dense lookup compiled
+            with XLA in training and serving; `"cpu"` is for serving only
+            (an error when training under `TPUStrategy`).
         tensor_core_shape: `[batch, ids_per_example]` for
-            `"tpu_tensor_core"`; the batch may be `None` or -1.
+            `"tpu_tensor_core"`; the batch may be `None` or -1. Longer rows
+            are truncated. Sequence columns may leave it out: their width
+            is `max_sequence_length`.
         use_safe_embedding_lookup: Prune invalid ids and, for `"mean"` and
             `"sqrtn"`, non-positive weights, as
             `tf.nn.safe_embedding_lookup_sparse` does.
@@ -301,7 +314,7 @@ def embedding_column(
         ValueError: if `dimension` is not > 0, `initializer` is not callable,
             `max_sequence_length` does not fit the column, the device is
             unknown, or `tpu_tensor_core` comes without a 2-element
-            `tensor_core_shape`.
+            `tensor_core_shape` for a non-sequence column.
 
     Example:
 

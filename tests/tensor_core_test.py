@@ -199,3 +199,47 @@ def test_out_of_range_ids_raise_on_the_tensor_core_path():
     features["b"] = tf.constant([[12, -1, -1, -1]] * 4, tf.int64)
     with pytest.raises(tf.errors.InvalidArgumentError, match="table 'b'"):
         core(features)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own", "shared"])
+def test_sequence_columns_use_max_sequence_length_as_width(shared):
+    """The README's rule: sequence columns need no tensor_core_shape."""
+    history = kte.sequence_categorical_column_with_identity("history", 30)
+    recent = kte.sequence_categorical_column_with_identity("recent", 30)
+    ids = {
+        "history": tf.constant(
+            [[1, 2, 3, 4, 5, 6, 7], [4, -1, -1, -1, -1, -1, -1]]
+        ),
+        "recent": tf.constant([[9, 8], [-1, -1]]),
+    }
+
+    def columns(device):
+        if shared:
+            return kte.shared_embedding_columns(
+                [history, recent],
+                8,
+                max_sequence_lengths=[5, 3],
+                embedding_lookup_device=device,
+            )
+        return [
+            kte.embedding_column(
+                history,
+                8,
+                max_sequence_length=5,
+                embedding_lookup_device=device,
+            )
+        ]
+
+    layer_class = kte.SharedTPUEmbedding if shared else kte.TPUEmbeddingLayer
+    dense = layer_class(columns("tpu_tensor_core"))
+    host = layer_class(columns(None))
+    dense.build()
+    host.build()
+    table = dense.table_specs[0].name
+    host.table_variable(table).assign(dense.table_variable(table))
+    want = host(ids)
+    got = dense(ids)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].shape[1] == (3 if "recent" in name else 5)
+        np.testing.assert_allclose(got[name], want[name], atol=1e-6)
