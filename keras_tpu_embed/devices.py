@@ -6,7 +6,13 @@ import enum
 
 
 class LookupDevice(enum.Enum):
-    """Where an embedding lookup runs (DESIGN §3)."""
+    """Where an embedding lookup runs.
+
+    `CPU`: the sparse lookup on the default device in training, on the host
+    CPU in serving. `TPU_TENSOR_CORE`: the dense padded lookup compiled with
+    XLA. `TPU_EMBEDDING_CORE`: the TPU embedding engine, under `TPUStrategy`
+    on a TPU that has one.
+    """
 
     CPU = "cpu"
     TPU_TENSOR_CORE = "tpu_tensor_core"
@@ -50,7 +56,12 @@ def resolve_lookup_device(
     serving_override: LookupDevice | None = None,
     has_tensor_core_shape: bool = False,
 ) -> LookupDevice:
-    """Where one column's lookup runs now (DESIGN §3).
+    """Where one column's lookup runs now.
+
+    Serving: the layer's (or export's) serving device, else the column's,
+    else the CPU; never the embedding engine. Training: the tensor core when
+    the column asks for it; under `TPUStrategy` with an engine, the engine
+    (a `"cpu"` column is an error there); elsewhere the default device.
 
     Args:
         column_device: The column's `embedding_lookup_device`.

@@ -50,14 +50,29 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     row updates, not by the optimizer given to `model.compile`.
 
     Each table's lookup runs where its columns' `embedding_lookup_device`
-    says for the phase (DESIGN §3): the sparse host lookup on the default
-    device, the dense `tpu_tensor_core` lookup (compiled with XLA), or,
+    says for the phase (training or serving): the sparse lookup on the
+    default device, the dense `tpu_tensor_core` lookup (compiled with XLA),
+    or,
     when the layer is built under `TPUStrategy` on a TPU with an embedding
     engine, the engine itself (`engine.py`): every embedding layer of the
     model then shares one `tf.tpu.experimental.embedding.TPUEmbedding`
     (`TPUEmbeddingV2` on SparseCore), which owns those tables and slots.
     Build and call the layer under the same strategy; the engine path is
     exercised on TPU hardware only (see `examples/tpu_smoke.py`).
+
+    How the tables train: Keras' optimizer must not touch them, so
+    `model.summary()` counts tables and slots as non-trainable parameters.
+    They are trained all the same, in the backward pass of every training
+    step, by `config.optimizer`. The layer's only trainable weight,
+    `table_update_trigger`, is a scalar that stays 0: its gradient is what
+    runs those updates.
+
+    Saving: tables and slots are in the TensorFlow object graph under
+    `embedding_tables` (`<table>` and `<table>/<slot>`), so
+    `tf.train.Checkpoint(model=...)`, `tf.train.CheckpointManager`,
+    `model.save_weights`, `model.save` (`.keras`, vocabulary files
+    included) and the `ModelCheckpoint` / `BackupAndRestore` callbacks all
+    carry them with `embedding_step`.
 
     Args:
         columns: Embedding columns (`embedding_column`,
@@ -275,10 +290,12 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             # Counted in the replica function, once, under any strategy.
             aggregation="only_first_replica",
         )
-        # Receives a zero gradient; it exists so that Keras differentiates
-        # the path through the tables (see sparse_training.py).
+        # Stays 0 and receives a zero gradient; it exists so that Keras
+        # differentiates the path through the tables, whose backward pass
+        # applies the sparse updates (see sparse_training.py). Its name says
+        # so in `model.trainable_weights`.
         self.gradient_trap = self.add_weight(
-            name="gradient_trap",
+            name="table_update_trigger",
             shape=(),
             dtype="float32",
             initializer="zeros",

@@ -210,7 +210,7 @@ def test_saved_model_holds_tables_once_and_no_slots(tmp_path):
         for w in model.weights
         if not any(
             t in w.path
-            for t in ("accumulators", "embedding_step", "gradient_trap")
+            for t in ("accumulators", "embedding_step", "table_update_trigger")
         )
     )
     variables = os.path.join(path, "variables")

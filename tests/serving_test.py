@@ -141,7 +141,7 @@ def test_export_holds_tables_not_slots(tmp_path):
         for w in model.weights
         if not any(
             t in w.path
-            for t in ("accumulators", "embedding_step", "gradient_trap")
+            for t in ("accumulators", "embedding_step", "table_update_trigger")
         )
     )
     assert shapes == expected
