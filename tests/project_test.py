@@ -47,3 +47,17 @@ def test_import_fails_clearly_without_tensorflow():
     assert completed.returncode != 0
     assert "keras_tpu_embed needs TensorFlow" in completed.stderr
     assert "keras_tpu_embed[cpu]" in completed.stderr
+
+
+def test_user_facing_text_cites_no_internal_document():
+    """Users never see the design notes or the issues: state rules inline."""
+    files = [ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+    for folder in ("keras_tpu_embed", "notebooks", "examples"):
+        files += sorted((ROOT / folder).rglob("*.py"))
+        files += sorted((ROOT / folder).rglob("*.ipynb"))
+    cited = []
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"DESIGN|§|the issue's|\(issue \d+\)", line):
+                cited.append(f"{path.relative_to(ROOT)}:{number}: {line}")
+    assert not cited, "\n".join(cited)
