@@ -14,6 +14,7 @@ from keras_tpu_embed.columns import (
 from keras_tpu_embed.columns import (
     categorical_column_with_vocabulary_list as categorical_column_with_vocabulary_list,  # noqa: E501
 )
+from keras_tpu_embed.columns import embedding_column as embedding_column
 from keras_tpu_embed.columns import (
     sequence_categorical_column_with_hash_bucket as sequence_categorical_column_with_hash_bucket,  # noqa: E501
 )
@@ -27,16 +28,13 @@ from keras_tpu_embed.columns import (
     sequence_categorical_column_with_vocabulary_list as sequence_categorical_column_with_vocabulary_list,  # noqa: E501
 )
 from keras_tpu_embed.columns import (
+    shared_embedding_columns as shared_embedding_columns,
+)
+from keras_tpu_embed.columns import (
     weighted_categorical_column as weighted_categorical_column,
 )
 from keras_tpu_embed.config import EmbeddingConfig as EmbeddingConfig
 from keras_tpu_embed.distribute import distribute_dataset as distribute_dataset
-from keras_tpu_embed.embedding_columns import (
-    embedding_column as embedding_column,
-)
-from keras_tpu_embed.embedding_columns import (
-    shared_embedding_columns as shared_embedding_columns,
-)
 from keras_tpu_embed.layers import SharedTPUEmbedding as SharedTPUEmbedding
 from keras_tpu_embed.layers import TPUEmbeddingLayer as TPUEmbeddingLayer
 from keras_tpu_embed.loading import load_model as load_model

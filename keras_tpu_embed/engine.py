@@ -34,7 +34,7 @@ from typing import Sequence
 
 from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.embedding_columns import AnyEmbeddingColumn
+from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.tpu_conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
 

@@ -14,20 +14,20 @@ from typing import Sequence
 from keras_tpu_embed import engine as engine_lib
 from keras_tpu_embed import initialization
 from keras_tpu_embed import optimizers as optimizers_lib
-from keras_tpu_embed import vocabulary_assets
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.column_conversion import to_embedding_columns
+from keras_tpu_embed.columns import AnyEmbeddingColumn
+from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.columns import input_keys
+from keras_tpu_embed.columns import shared_embedding_columns
+from keras_tpu_embed.columns import to_embedding_columns
+from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns import vocabulary_files_from_archive
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.devices import resolve_lookup_device
-from keras_tpu_embed.embedding_columns import AnyEmbeddingColumn
-from keras_tpu_embed.embedding_columns import SharedEmbeddingColumn
-from keras_tpu_embed.embedding_columns import shared_embedding_columns
 from keras_tpu_embed.lookup import cpu as cpu_lookup
 from keras_tpu_embed.lookup import tensor_core as tensor_core_lookup
 from keras_tpu_embed.sparse_training import trap_gradients

@@ -15,14 +15,14 @@ from typing import Any
 from typing import Iterable
 
 from keras_tpu_embed import columns as columns_lib
-from keras_tpu_embed import vocabulary_assets
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.column_conversion import to_categorical_column
-from keras_tpu_embed.column_conversion import to_embedding_column
+from keras_tpu_embed.columns import EmbeddingColumn
+from keras_tpu_embed.columns import SharedEmbeddingColumn
+from keras_tpu_embed.columns import to_categorical_column
+from keras_tpu_embed.columns import to_embedding_column
+from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.devices import LookupDevice
-from keras_tpu_embed.embedding_columns import EmbeddingColumn
-from keras_tpu_embed.embedding_columns import SharedEmbeddingColumn
 from keras_tpu_embed.lookup import tensor_core
 from keras_tpu_embed.lookup.id_batch import ids_below
 from keras_tpu_embed.types import Tensor

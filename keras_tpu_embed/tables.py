@@ -11,8 +11,8 @@ import dataclasses
 import json
 from typing import Sequence
 
-from keras_tpu_embed.embedding_columns import AnyEmbeddingColumn
-from keras_tpu_embed.embedding_columns import SharedEmbeddingColumn
+from keras_tpu_embed.columns import AnyEmbeddingColumn
+from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.types import InitializerLike
 from keras_tpu_embed.types import LearningRateFn
 

@@ -15,7 +15,7 @@ from typing import Any
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.column_conversion import to_embedding_columns
+from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.optimizers import EmbeddingOptimizer
 from keras_tpu_embed.tables import TableSpec

@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed import column_conversion
-from keras_tpu_embed.embedding_columns import EmbeddingColumn
-from keras_tpu_embed.embedding_columns import SharedEmbeddingColumn
+from keras_tpu_embed import columns as column_conversion
+from keras_tpu_embed.columns import EmbeddingColumn
+from keras_tpu_embed.columns import SharedEmbeddingColumn
 from tests import testing
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Any
 from typing import Iterable
 
-from keras_tpu_embed import columns as columns_lib
-from keras_tpu_embed import embedding_columns as embedding_lib
 from keras_tpu_embed._compat import keras
-from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_feature_column_v2 as fc
 from keras_tpu_embed._compat import tf_init_ops
 from keras_tpu_embed._compat import tf_tpu_feature_column_v2 as tpu_fc
+from keras_tpu_embed.columns import categorical as columns_lib
+from keras_tpu_embed.columns import embedding as embedding_lib
+from keras_tpu_embed.columns.tf_categorical import to_categorical_column
 
 
 def _initializer(initializer: Any) -> Any:
@@ -29,74 +29,6 @@ def _initializer(initializer: Any) -> Any:
             seed=initializer.seed,
         )
     return initializer
-
-
-def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
-    """Returns `column` as a categorical column of this package.
-
-    Raises:
-        TypeError: for a column kind this package has no equivalent of
-            (crossed, bucketized, ...), naming its type.
-    """
-    if isinstance(column, columns_lib.CategoricalColumn):
-        return column
-    sequence = False
-    if isinstance(column, fc.SequenceCategoricalColumn):
-        sequence = True
-        column = column.categorical_column
-    if isinstance(column, fc.WeightedCategoricalColumn):
-        inner = to_categorical_column(column.categorical_column)
-        return columns_lib.WeightedColumn(
-            categorical_column=inner,
-            weight_feature_key=column.weight_feature_key,
-            dtype=tf.as_dtype(column.dtype).name,
-        )
-    converted: columns_lib.CategoricalColumn
-    if isinstance(column, fc.IdentityCategoricalColumn):
-        converted = columns_lib.categorical_column_with_identity(
-            column.key, column.number_buckets, column.default_value
-        )
-    elif isinstance(column, fc.VocabularyListCategoricalColumn):
-        vocabulary = [
-            t.decode() if isinstance(t, bytes) else t
-            for t in column.vocabulary_list
-        ]
-        converted = columns_lib.categorical_column_with_vocabulary_list(
-            column.key,
-            vocabulary,
-            column.dtype,
-            column.default_value,
-            column.num_oov_buckets,
-        )
-    elif isinstance(column, fc.VocabularyFileCategoricalColumn):
-        if getattr(column, "file_format", None) not in (None, "text"):
-            raise TypeError(
-                f"Column '{column.key}' reads a {column.file_format} "
-                "vocabulary; only text vocabulary files are supported."
-            )
-        default = column.default_value
-        converted = columns_lib.categorical_column_with_vocabulary_file(
-            column.key,
-            column.vocabulary_file,
-            column.vocabulary_size,
-            column.num_oov_buckets,
-            None if default == -1 else default,
-            column.dtype,
-        )
-    elif isinstance(column, fc.HashedCategoricalColumn):
-        converted = columns_lib.categorical_column_with_hash_bucket(
-            column.key, column.hash_bucket_size, column.dtype
-        )
-    else:
-        raise TypeError(
-            "Cannot convert a column of type "
-            f"{type(column).__name__} ({getattr(column, 'name', column)!r}). "
-            "Supported: identity, vocabulary list, vocabulary file, hash "
-            "bucket, weighted and sequence categorical columns."
-        )
-    if sequence:
-        converted = columns_lib._as_sequence(converted)
-    return converted
 
 
 def _device_name(column: Any) -> str | None:

@@ -8,10 +8,10 @@ original file gone or changed:
 - `save_assets` copies every vocabulary file the layer's columns name into
   the archive, with a manifest (`vocabularies.json`) of where each came from,
   its line count and its SHA-256;
-- `keras.models.load_model` rebuilds the layer from its config first. Inside
-  `columns.vocabulary_files_from_archive()`, a column whose file is missing is
-  accepted with the `vocabulary_size` its config recorded (the table's row
-  count), and reads nothing;
+- `keras.models.load_model` rebuilds the layer from its config first.
+  Inside `vocabulary_files_from_archive()`, a column whose file is missing
+  is accepted with the `vocabulary_size` its config recorded (the table's
+  row count), and reads nothing;
 - `load_assets` then extracts each vocabulary to a directory that lives as
   long as the process and points the columns at it, after checking its
   digest against the manifest.
@@ -32,7 +32,7 @@ import tempfile
 from typing import Any
 from typing import Sequence
 
-from keras_tpu_embed.columns import VocabularyFileColumn
+from keras_tpu_embed.columns.categorical import VocabularyFileColumn
 
 MANIFEST = "vocabularies.json"
 

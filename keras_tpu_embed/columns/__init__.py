@@ -1,0 +1,56 @@
+"""Column specs: which raw feature becomes which ids, and which table.
+
+`categorical.py` holds the categorical specs and `categorical_columns.py`
+their `tf.feature_column`-style factories; `embedding.py` the embedding specs
+and `embedding_columns.py` theirs; `tf_categorical.py` and `tf_embedding.py`
+convert `tf.feature_column` / `tf.compat.v1.tpu.experimental` columns;
+`vocabulary_files.py` reads vocabulary files and `vocabulary_assets.py`
+carries them inside `.keras` archives. This module only re-exports.
+"""
+
+from keras_tpu_embed.columns.categorical import CategoricalColumn
+from keras_tpu_embed.columns.categorical import HashedColumn
+from keras_tpu_embed.columns.categorical import IdentityColumn
+from keras_tpu_embed.columns.categorical import VocabularyFileColumn
+from keras_tpu_embed.columns.categorical import VocabularyListColumn
+from keras_tpu_embed.columns.categorical import WeightedColumn
+from keras_tpu_embed.columns.categorical_columns import (
+    categorical_column_with_hash_bucket,
+)
+from keras_tpu_embed.columns.categorical_columns import (
+    categorical_column_with_identity,
+)
+from keras_tpu_embed.columns.categorical_columns import (
+    categorical_column_with_vocabulary_file,
+)
+from keras_tpu_embed.columns.categorical_columns import (
+    categorical_column_with_vocabulary_list,
+)
+from keras_tpu_embed.columns.categorical_columns import input_keys
+from keras_tpu_embed.columns.categorical_columns import (
+    sequence_categorical_column_with_hash_bucket,
+)
+from keras_tpu_embed.columns.categorical_columns import (
+    sequence_categorical_column_with_identity,
+)
+from keras_tpu_embed.columns.categorical_columns import (
+    sequence_categorical_column_with_vocabulary_file,
+)
+from keras_tpu_embed.columns.categorical_columns import (
+    sequence_categorical_column_with_vocabulary_list,
+)
+from keras_tpu_embed.columns.categorical_columns import (
+    weighted_categorical_column,
+)
+from keras_tpu_embed.columns.embedding import AnyEmbeddingColumn
+from keras_tpu_embed.columns.embedding import EmbeddingColumn
+from keras_tpu_embed.columns.embedding import SharedEmbeddingColumn
+from keras_tpu_embed.columns.embedding_columns import embedding_column
+from keras_tpu_embed.columns.embedding_columns import shared_embedding_columns
+from keras_tpu_embed.columns.tf_categorical import to_categorical_column
+from keras_tpu_embed.columns.tf_embedding import to_embedding_column
+from keras_tpu_embed.columns.tf_embedding import to_embedding_columns
+from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
+from keras_tpu_embed.columns.vocabulary_files import (
+    vocabulary_files_from_archive,
+)

@@ -1,0 +1,83 @@
+"""Converts `tf.feature_column` categorical columns to our specs.
+
+Existing feature-column code migrates without edits: wherever a categorical
+column of this package is accepted, one built with `tf.feature_column.*` is
+accepted too and converted here, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_feature_column_v2 as fc
+from keras_tpu_embed.columns import categorical as columns_lib
+from keras_tpu_embed.columns import categorical_columns as factories
+
+
+def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
+    """Returns `column` as a categorical column of this package.
+
+    Raises:
+        TypeError: for a column kind this package has no equivalent of
+            (crossed, bucketized, ...), naming its type.
+    """
+    if isinstance(column, columns_lib.CategoricalColumn):
+        return column
+    sequence = False
+    if isinstance(column, fc.SequenceCategoricalColumn):
+        sequence = True
+        column = column.categorical_column
+    if isinstance(column, fc.WeightedCategoricalColumn):
+        inner = to_categorical_column(column.categorical_column)
+        return columns_lib.WeightedColumn(
+            categorical_column=inner,
+            weight_feature_key=column.weight_feature_key,
+            dtype=tf.as_dtype(column.dtype).name,
+        )
+    converted: columns_lib.CategoricalColumn
+    if isinstance(column, fc.IdentityCategoricalColumn):
+        converted = factories.categorical_column_with_identity(
+            column.key, column.number_buckets, column.default_value
+        )
+    elif isinstance(column, fc.VocabularyListCategoricalColumn):
+        vocabulary = [
+            t.decode() if isinstance(t, bytes) else t
+            for t in column.vocabulary_list
+        ]
+        converted = factories.categorical_column_with_vocabulary_list(
+            column.key,
+            vocabulary,
+            column.dtype,
+            column.default_value,
+            column.num_oov_buckets,
+        )
+    elif isinstance(column, fc.VocabularyFileCategoricalColumn):
+        if getattr(column, "file_format", None) not in (None, "text"):
+            raise TypeError(
+                f"Column '{column.key}' reads a {column.file_format} "
+                "vocabulary; only text vocabulary files are supported."
+            )
+        default = column.default_value
+        converted = factories.categorical_column_with_vocabulary_file(
+            column.key,
+            column.vocabulary_file,
+            column.vocabulary_size,
+            column.num_oov_buckets,
+            None if default == -1 else default,
+            column.dtype,
+        )
+    elif isinstance(column, fc.HashedCategoricalColumn):
+        converted = factories.categorical_column_with_hash_bucket(
+            column.key, column.hash_bucket_size, column.dtype
+        )
+    else:
+        raise TypeError(
+            "Cannot convert a column of type "
+            f"{type(column).__name__} ({getattr(column, 'name', column)!r}). "
+            "Supported: identity, vocabulary list, vocabulary file, hash "
+            "bucket, weighted and sequence categorical columns."
+        )
+    if sequence:
+        converted = factories.as_sequence(converted)
+    return converted

@@ -1,0 +1,109 @@
+"""Vocabulary files: reading and validating them, and when they may be absent.
+
+A vocabulary-file column reads its file at construction, so that a missing,
+empty or malformed file fails there, naming the path and the line. The one
+exception is a column rebuilt by `keras.models.load_model`, whose archive
+carries the file (`vocabulary_assets.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from typing import Iterator
+
+from keras_tpu_embed._compat import tf
+
+STRING_DTYPES = ("string",)
+INTEGER_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16")
+
+_FROM_ARCHIVE = contextvars.ContextVar("kte_from_archive", default=False)
+
+
+@contextlib.contextmanager
+def vocabulary_files_from_archive() -> Iterator[None]:
+    """Columns built inside may name vocabulary files that do not exist.
+
+    Layers rebuilt by `keras.models.load_model` take their vocabulary files
+    from the archive's assets after their config (`vocabulary_assets.py`);
+    until then such a column keeps the `vocabulary_size` of its config.
+    """
+    token = _FROM_ARCHIVE.set(True)
+    try:
+        yield
+    finally:
+        _FROM_ARCHIVE.reset(token)
+
+
+def supplied_by_archive(path: str) -> bool:
+    """Whether a missing `path` will come from the archive being loaded."""
+    return _FROM_ARCHIVE.get() and not os.path.exists(path)
+
+
+def check_vocabulary_dtype(key: str, dtype: str) -> None:
+    if dtype not in STRING_DTYPES + INTEGER_DTYPES:
+        raise ValueError(
+            f"`dtype` of column '{key}' must be string or integer. "
+            f"Received: dtype={dtype!r}"
+        )
+
+
+def read_vocabulary_file(path: str, key: str, dtype: str) -> list[str]:
+    """Reads and validates a vocabulary file: one token per line.
+
+    Raises:
+        ValueError: if the file is missing, unreadable, empty, or has a blank
+            line, surrounding whitespace, a duplicate token or (for integer
+            columns) a token that is not an integer; the message names the
+            path and the line number.
+    """
+    if not tf.io.gfile.exists(path):
+        raise ValueError(
+            f"vocabulary_file in {key} does not exist: {os.fspath(path)}"
+        )
+    try:
+        with tf.io.gfile.GFile(path, "rb") as handle:
+            raw = handle.read()
+    except (OSError, tf.errors.OpError) as error:
+        raise ValueError(
+            f"vocabulary_file {path} of column '{key}' cannot be read: {error}"
+        ) from error
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"vocabulary_file {path} of column '{key}' is not UTF-8 text: "
+            f"{error}"
+        ) from error
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise ValueError(
+            f"vocabulary_file {path} of column '{key}' is empty: it must hold "
+            "one token per line."
+        )
+    seen: dict[str, int] = {}
+    for number, token in enumerate(lines, start=1):
+        token = token.removesuffix("\r")
+        where = f"vocabulary_file {path} of column '{key}', line {number}"
+        if token.strip() == "":
+            raise ValueError(f"{where} is blank.")
+        if token != token.strip():
+            raise ValueError(
+                f"{where} has leading or trailing whitespace: {token!r}."
+            )
+        if token in seen:
+            raise ValueError(
+                f"{where} repeats the token {token!r} of line {seen[token]}."
+            )
+        if dtype in INTEGER_DTYPES:
+            try:
+                int(token)
+            except ValueError:
+                raise ValueError(
+                    f"{where} holds {token!r}, not an integer ({dtype})."
+                ) from None
+        seen[token] = number
+    return list(seen)
