@@ -28,8 +28,8 @@ from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.devices import resolve_lookup_device
-from keras_tpu_embed.lookup import cpu as cpu_lookup
-from keras_tpu_embed.lookup import tensor_core as tensor_core_lookup
+from keras_tpu_embed.lookup import sparse as sparse_lookup
+from keras_tpu_embed.lookup import dense_xla as dense_xla_lookup
 from keras_tpu_embed.sparse_training import trap_gradients
 from keras_tpu_embed.tables import TableSpec
 from keras_tpu_embed.tables import group_into_tables
@@ -420,9 +420,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         for table in self._local_tables:
             device = self._table_device(table, serving=self._serving)
             backend = (
-                tensor_core_lookup.DenseTableLookup
+                dense_xla_lookup.DenseTableLookup
                 if device is LookupDevice.TPU_TENSOR_CORE
-                else cpu_lookup.SparseTableLookup
+                else sparse_lookup.SparseTableLookup
             )
             lookups.append(
                 backend(table, features, self.return_sequence_lengths)

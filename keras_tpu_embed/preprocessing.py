@@ -23,8 +23,10 @@ from keras_tpu_embed.columns import to_categorical_column
 from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.devices import LookupDevice
-from keras_tpu_embed.lookup import tensor_core
-from keras_tpu_embed.lookup.id_batch import ids_below
+from keras_tpu_embed.ids import densify
+from keras_tpu_embed.ids import ids_below
+from keras_tpu_embed.ids import map_to_default
+from keras_tpu_embed.ids import width_of
 from keras_tpu_embed.types import Tensor
 
 
@@ -71,7 +73,7 @@ def tensor_core_widths(columns: Iterable[Any]) -> dict[str, int]:
             continue  # a categorical column: its lookups are not known here
         if column.lookup_device is LookupDevice.TPU_TENSOR_CORE:
             key = column.feature_key
-            widths[key] = max(widths.get(key, 0), tensor_core.width_of(column))
+            widths[key] = max(widths.get(key, 0), width_of(column))
         else:
             host.add(column.feature_key)
     return {k: w for k, w in widths.items() if k not in host}
@@ -178,11 +180,7 @@ class _IdMapper:
         if isinstance(base, columns_lib.IdentityColumn):
             ids = tf.cast(values, tf.int64)
             if base.default_value is not None:
-                return tf.where(
-                    ids >= base.num_buckets,
-                    tf.constant(base.default_value, tf.int64),
-                    ids,
-                )
+                return map_to_default(ids, base.num_buckets, base.default_value)
             return ids_below(
                 ids,
                 base.num_buckets,
@@ -296,9 +294,9 @@ class FeaturePreprocessor(keras.layers.Layer):
             if width is not None:
                 # Tensor-core features leave the host dense and padded, so
                 # that the device step has static shapes.
-                outputs[key] = tensor_core.densify(outputs[key], width, -1)
+                outputs[key] = densify(outputs[key], width, -1)
                 if weight_key:
-                    outputs[weight_key] = tensor_core.densify(
+                    outputs[weight_key] = densify(
                         outputs[weight_key], width, 0.0
                     )
         return outputs

@@ -23,7 +23,7 @@ import numpy as np
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.config import SUPPORTED_PARTITION_STRATEGIES
-from keras_tpu_embed.lookup.id_batch import to_id_batch
+from keras_tpu_embed.ids import to_id_batch
 from keras_tpu_embed.tables import group_into_tables
 
 PROFILE_SUFFIX = ".lookup_profile.json"

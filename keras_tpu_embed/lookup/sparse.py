@@ -1,4 +1,4 @@
-"""Host lookups: gathered rows reduced per example or per sequence position.
+"""The sparse lookup on the default device (CPU or GPU), host CPU in serving.
 
 The math is `tf.nn.safe_embedding_lookup_sparse`'s: rows are scaled by their
 weights and summed per segment; "mean" divides by the weight sum and "sqrtn"
@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.columns import IdentityColumn
-from keras_tpu_embed.lookup.id_batch import IdBatch
-from keras_tpu_embed.lookup.id_batch import prepare_for_lookup
-from keras_tpu_embed.lookup.id_batch import to_id_batch
+from keras_tpu_embed.ids import IdBatch
+from keras_tpu_embed.ids import identity_default
+from keras_tpu_embed.ids import prepare_for_lookup
+from keras_tpu_embed.ids import prunes_weights
+from keras_tpu_embed.ids import to_id_batch
 from keras_tpu_embed.types import Tensor
 
 
@@ -279,16 +280,3 @@ def distinct(ids: Tensor, vocabulary_size: int) -> tuple[Tensor, Tensor]:
         return tf.cast(unique, tf.int64), index
     unique, index = tf.unique(ids, tf.int32)
     return unique, index
-
-
-def identity_default(column: Any) -> int | None:
-    """The id that out-of-range ids map to, for identity columns."""
-    base = column.categorical_column.base
-    if isinstance(base, IdentityColumn):
-        return base.default_value  # type: ignore[no-any-return]
-    return None
-
-
-def prunes_weights(column: Any) -> bool:
-    """Whether non-positive weights are pruned (safe mean / sqrtn)."""
-    return bool(column.use_safe_embedding_lookup and column.combiner != "sum")

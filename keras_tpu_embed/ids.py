@@ -1,4 +1,8 @@
-"""One canonical form for the ids of a feature, whatever form they came in.
+"""Ids on their way to a lookup: one canonical form, and the column's rules.
+
+Every rule about ids that more than one stage applies lives here once: the
+identity column's `default_value` mapping, the range check, pruning, and the
+dense padded form of the tensor-core path.
 
 Ids arrive dense (`-1` pads), ragged or sparse, with optional weights of the
 same structure. `to_id_batch` flattens them to parallel vectors (id, weight,
@@ -10,8 +14,10 @@ the ids' structure exactly.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import IdentityColumn
 from keras_tpu_embed.types import Tensor
 
 PADDING_ID = -1
@@ -243,13 +249,7 @@ def prepare_for_lookup(
     are pruned when `prune_weights`; sequence positions past
     `max_sequence_length` are dropped.
     """
-    ids = batch.ids
-    if identity_default is not None:
-        ids = tf.where(
-            ids >= vocabulary_size,
-            tf.constant(identity_default, tf.int64),
-            ids,
-        )
+    ids = map_to_default(batch.ids, vocabulary_size, identity_default)
     ids = ids_below(
         ids,
         vocabulary_size,
@@ -279,3 +279,67 @@ def ids_below(ids: Tensor, limit: int, message: str) -> Tensor:
     )
     with tf.control_dependencies([check]):
         return tf.identity(ids)
+
+
+def map_to_default(
+    ids: Tensor, vocabulary_size: int, default: int | None
+) -> Tensor:
+    """Identity columns: ids `>= vocabulary_size` become `default`."""
+    if default is None:
+        return ids
+    return tf.where(
+        ids >= vocabulary_size, tf.constant(default, ids.dtype), ids
+    )
+
+
+def identity_default(column: Any) -> int | None:
+    """The id that out-of-range ids map to, for identity columns."""
+    base = column.categorical_column.base
+    if isinstance(base, IdentityColumn):
+        return base.default_value  # type: ignore[no-any-return]
+    return None
+
+
+def prunes_weights(column: Any) -> bool:
+    """Whether non-positive weights are pruned (safe mean / sqrtn)."""
+    return bool(column.use_safe_embedding_lookup and column.combiner != "sum")
+
+
+def fit_width(dense: Tensor, width: int, pad: Any) -> Tensor:
+    """`dense` `[batch, n]` truncated or padded with `pad` to `width`."""
+    if dense.shape.rank == 1:
+        dense = dense[:, tf.newaxis]
+    n = dense.shape[1]
+    if n is not None and n >= width:
+        return dense[:, :width]
+    if n is not None:
+        return tf.pad(dense, [[0, 0], [0, width - n]], constant_values=pad)
+    # Unknown width: not static, so only for the host side of serving.
+    dense = dense[:, :width]
+    missing = width - tf.shape(dense)[1]
+    return tf.pad(dense, [[0, 0], [0, missing]], constant_values=pad)
+
+
+def densify(values: Tensor, width: int, pad: Any) -> Tensor:
+    """Any input form as a dense `[batch, width]` matrix (host side)."""
+    if isinstance(values, tf.SparseTensor):
+        if values.shape.rank == 1:
+            values = tf.sparse.reshape(values, [-1, 1])
+        values = tf.sparse.to_dense(values, default_value=pad)
+    elif isinstance(values, tf.RaggedTensor):
+        values = values.to_tensor(default_value=pad)
+    return fit_width(values, width, pad)
+
+
+def width_of(column: Any) -> int:
+    """Ids per example on the tensor core: the sequence length, else
+    `tensor_core_shape[1]`."""
+    if column.is_sequence:
+        return int(column.max_sequence_length)
+    if column.tensor_core_shape is None:
+        raise ValueError(
+            f"Column '{column.name}' has no tensor_core_shape, so it cannot be "
+            "looked up on 'tpu_tensor_core'. Give it tensor_core_shape="
+            "[None, ids_per_example]."
+        )
+    return int(column.tensor_core_shape[1])

@@ -1,4 +1,4 @@
-"""The tensor-core lookup: dense padded ids, a dense gather and a combiner.
+"""The dense XLA lookup (`tpu_tensor_core`): padded ids, gather, combiner.
 
 Every op here has a static shape and none is sparse, so the whole lookup —
 and its training update — compiles with XLA (`jit_compile=True`), which is
@@ -6,7 +6,7 @@ what runs on a TPU's TensorCore. Ids arrive as a dense `[batch, width]`
 matrix padded with -1 (the preprocessor pads them on the host); longer rows
 are truncated to the column's width.
 
-Semantics are the host lookup's (`lookup/cpu.py`) for rows that fit:
+Semantics are the sparse lookup's (`lookup/sparse.py`) for rows that fit:
 invalid (negative) ids are pruned, and for "mean" / "sqrtn" with safe lookup
 so are non-positive weights. The TF reference supports only "sum" / "mean"
 and drops weights; this path supports "sqrtn", weights and sequences.
@@ -17,34 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.lookup.id_batch import PADDING_ID
+from keras_tpu_embed.ids import PADDING_ID
+from keras_tpu_embed.ids import check_ids_dtype
+from keras_tpu_embed.ids import densify
+from keras_tpu_embed.ids import identity_default
+from keras_tpu_embed.ids import map_to_default
+from keras_tpu_embed.ids import prunes_weights
+from keras_tpu_embed.ids import width_of
 from keras_tpu_embed.types import Tensor
-
-
-def fit_width(dense: Tensor, width: int, pad: Any) -> Tensor:
-    """`dense` `[batch, n]` truncated or padded with `pad` to `width`."""
-    if dense.shape.rank == 1:
-        dense = dense[:, tf.newaxis]
-    n = dense.shape[1]
-    if n is not None and n >= width:
-        return dense[:, :width]
-    if n is not None:
-        return tf.pad(dense, [[0, 0], [0, width - n]], constant_values=pad)
-    # Unknown width: not static, so only for the host side of serving.
-    dense = dense[:, :width]
-    missing = width - tf.shape(dense)[1]
-    return tf.pad(dense, [[0, 0], [0, missing]], constant_values=pad)
-
-
-def densify(values: Tensor, width: int, pad: Any) -> Tensor:
-    """Any input form as a dense `[batch, width]` matrix (host side)."""
-    if isinstance(values, tf.SparseTensor):
-        if values.shape.rank == 1:
-            values = tf.sparse.reshape(values, [-1, 1])
-        values = tf.sparse.to_dense(values, default_value=pad)
-    elif isinstance(values, tf.RaggedTensor):
-        values = values.to_tensor(default_value=pad)
-    return fit_width(values, width, pad)
 
 
 def entry_factors(
@@ -153,20 +133,6 @@ def summed_duplicates(
     return ids, tf.gather(totals, representative), any_kept
 
 
-def width_of(column: Any) -> int:
-    """Ids per example on the tensor core: the sequence length, else
-    `tensor_core_shape[1]`."""
-    if column.is_sequence:
-        return int(column.max_sequence_length)
-    if column.tensor_core_shape is None:
-        raise ValueError(
-            f"Column '{column.name}' has no tensor_core_shape, so it cannot be "
-            "looked up on 'tpu_tensor_core'. Give it tensor_core_shape="
-            "[None, ids_per_example]."
-        )
-    return int(column.tensor_core_shape[1])
-
-
 class DenseTableLookup:
     """One table's tensor-core lookup for one call.
 
@@ -180,10 +146,6 @@ class DenseTableLookup:
     def __init__(
         self, table: Any, features: dict[str, Tensor], return_lengths: bool
     ) -> None:
-        from keras_tpu_embed.lookup.cpu import identity_default
-        from keras_tpu_embed.lookup.cpu import prunes_weights
-        from keras_tpu_embed.lookup.id_batch import check_ids_dtype
-
         self.table = table
         self.lengths: dict[str, Tensor] = {}
         self._ids: dict[str, Tensor] = {}
@@ -196,11 +158,7 @@ class DenseTableLookup:
                 column.feature_key, features[column.feature_key]
             )
             ids = densify(raw, width, PADDING_ID)
-            default = identity_default(column)
-            if default is not None:
-                ids = tf.where(
-                    ids >= vocabulary_size, tf.constant(default, ids.dtype), ids
-                )
+            ids = map_to_default(ids, vocabulary_size, identity_default(column))
             ids = ids_in_range(
                 ids,
                 vocabulary_size,
