@@ -28,8 +28,8 @@ from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.devices import resolve_lookup_device
-from keras_tpu_embed.lookup import sparse as sparse_lookup
 from keras_tpu_embed.lookup import dense_xla as dense_xla_lookup
+from keras_tpu_embed.lookup import sparse as sparse_lookup
 from keras_tpu_embed.sparse_training import trap_gradients
 from keras_tpu_embed.tables import TableSpec
 from keras_tpu_embed.tables import group_into_tables
