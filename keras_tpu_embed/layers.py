@@ -14,6 +14,7 @@ from typing import Sequence
 from keras_tpu_embed import engine as engine_lib
 from keras_tpu_embed import initialization
 from keras_tpu_embed import optimizers as optimizers_lib
+from keras_tpu_embed import update_rules
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
@@ -443,14 +444,14 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             arguments = lookup.update_arguments(
                 gradient, optimizer.updates_all_rows()
             )
-            arguments["gradient"] = _scale_and_clip(
+            arguments["gradient"] = update_rules.scale_and_clip(
                 arguments["gradient"], config, step
             )
             updates += optimizers_lib.apply_update(
                 optimizer,
                 self._tables[table.name].value,
                 {k: v.value for k, v in self._slots[table.name].items()},
-                learning_rate=_learning_rate(table, config, step),
+                learning_rate=update_rules.learning_rate(table, config, step),
                 **arguments,
             )
         with tf.control_dependencies(updates):
@@ -605,25 +606,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         self.table_specs = list(by_name.values())
         if self.built:
             self._local_tables = [by_name[t.name] for t in self._local_tables]
-
-
-def _learning_rate(table: TableSpec, config: EmbeddingConfig, step: Any) -> Any:
-    if table.learning_rate_fn is not None:
-        return table.learning_rate_fn(step)
-    return config.optimizer.current_learning_rate()
-
-
-def _scale_and_clip(
-    gradient: Tensor, config: EmbeddingConfig, step: Any
-) -> Any:
-    """Gradient multiplier, then the absolute `clipping_limit`."""
-    if config.gradient_multiplier_fn is not None:
-        multiplier = config.gradient_multiplier_fn(step)
-        gradient = gradient * tf.cast(multiplier, gradient.dtype)
-    if config.clipping_limit is not None:
-        limit = float(config.clipping_limit)
-        gradient = tf.clip_by_value(gradient, -limit, limit)
-    return gradient
 
 
 @keras.saving.register_keras_serializable(package="keras_tpu_embed")

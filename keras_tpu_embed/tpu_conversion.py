@@ -10,46 +10,14 @@ column names, so checkpoints line up with `engine_checkpoint`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.optimizers import EmbeddingOptimizer
-from keras_tpu_embed.tables import TableSpec
 from keras_tpu_embed.tables import group_into_tables
-
-
-def _tighter(
-    a: tuple[float | None, float | None], b: tuple[float | None, float | None]
-) -> tuple[float | None, float | None]:
-    lows = [x for x in (a[0], b[0]) if x is not None]
-    highs = [x for x in (a[1], b[1]) if x is not None]
-    return (max(lows) if lows else None, min(highs) if highs else None)
-
-
-def table_optimizer(
-    table: TableSpec, config: EmbeddingConfig, step: Any
-) -> EmbeddingOptimizer:
-    """The table's optimizer as the engine must see it.
-
-    A column's `learning_rate_fn` becomes the optimizer's dynamic learning
-    rate (a callable reading `step`); `clipping_limit` becomes `clipvalue`
-    (intersected with the optimizer's own clip, if any).
-    """
-    optimizer = config.optimizer
-    changes: dict[str, Any] = {}
-    if table.learning_rate_fn is not None:
-        learning_rate_fn = table.learning_rate_fn
-        changes["learning_rate"] = lambda: learning_rate_fn(step)
-    if config.clipping_limit is not None:
-        limit = float(config.clipping_limit)
-        changes["clipvalue"] = _tighter(
-            optimizer.gradient_clip_bounds, (-limit, limit)
-        )
-    return dataclasses.replace(optimizer, **changes) if changes else optimizer
+from keras_tpu_embed.update_rules import engine_optimizer
 
 
 def to_tpu_feature_configs(
@@ -101,7 +69,7 @@ def to_tpu_feature_configs(
             vocabulary_size=table.vocabulary_size,
             dim=table.dimension,
             initializer=table.initializer,
-            optimizer=table_optimizer(table, config, step).to_tpu(),
+            optimizer=engine_optimizer(table, config, step).to_tpu(),
             combiner=first.combiner,
             name=table.name,
         )

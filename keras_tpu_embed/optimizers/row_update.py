@@ -1,0 +1,144 @@
+"""One embedding step on a table: `apply_update`.
+
+One step, per table, on the gradient of each distinct row (duplicate ids
+in the batch summed, as the engine sums them):
+
+1. clip the gradient to `clipvalue`;
+2. decoupled weight decay (inferred from the proto's reference to
+   `DecoupledWeightDecayExtension`): `w -= factor * w`, with the factor
+   multiplied by the learning rate when
+   `multiply_weight_decay_factor_by_learning_rate`;
+3. the optimizer's rule on `w` and its slots;
+4. clip the weights to `[clip_weight_min, clip_weight_max]`.
+
+Only the touched rows are read and written — a step costs O(ids in the
+batch), never O(vocabulary) — except for `Adam(lazy_adam=False)`, whose
+non-lazy rule moves every row on every step, as the engine's does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Mapping
+
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.optimizers.base import EmbeddingOptimizer
+from keras_tpu_embed.types import Tensor
+
+
+def _clip(value: Tensor, bounds: tuple[float | None, float | None]) -> Tensor:
+    low, high = bounds
+    if low is not None:
+        value = tf.maximum(value, tf.cast(low, value.dtype))
+    if high is not None:
+        value = tf.minimum(value, tf.cast(high, value.dtype))
+    return value
+
+
+def apply_update(
+    optimizer: EmbeddingOptimizer,
+    table: tf.Variable,
+    slots: Mapping[str, tf.Variable],
+    unique_ids: Tensor,
+    gradient: Tensor,
+    learning_rate: Tensor,
+    rows: Tensor | None = None,
+    guard: Tensor | None = None,
+) -> list[Any]:
+    """Applies one engine step to `table` (see the module docstring).
+
+    Args:
+        optimizer: The table's optimizer.
+        table: The table variable, `[vocabulary_size, dim]`.
+        slots: The optimizer's slot variables, keyed by slot name.
+        unique_ids: Row ids, `[n]`. Repeated ids are allowed when each
+            repetition carries the same (total) gradient: they compute the
+            same new values, so their scatters agree. For rules that update
+            every row, repeated ids' gradients are summed instead.
+        gradient: The gradient of each row with duplicate ids already summed,
+            as the engine sums them, `[n, dim]`.
+        learning_rate: A scalar.
+        rows: `table`'s current rows at `unique_ids`, when the caller has
+            them already (saves a random gather over the table).
+        guard: A boolean scalar; when given, the step runs only if it is
+            true (an XLA-compatible `tf.cond`). Skipped where a zero
+            gradient changes nothing (`_zero_gradient_is_noop`), which is
+            what the update then gets when the guard is false: under XLA the
+            conditional made the benchmark's training step 1.2x slower.
+
+    Returns:
+        The update ops, for control dependencies.
+    """
+    if guard is not None and not _zero_gradient_is_noop(optimizer):
+        done = tf.cond(
+            guard,
+            lambda: _with_done(
+                apply_update(
+                    optimizer,
+                    table,
+                    slots,
+                    unique_ids,
+                    gradient,
+                    learning_rate,
+                    rows,
+                )
+            ),
+            lambda: tf.constant(True),
+        )
+        return [done]
+    gradient = _clip(gradient, optimizer.gradient_clip_bounds)
+    if optimizer.updates_all_rows():
+        # Non-lazy rules move untouched rows too: a dense step.
+        gradient = tf.scatter_nd(
+            unique_ids[:, tf.newaxis], gradient, tf.shape(table, tf.int64)
+        )
+        rows = table.read_value()
+        old_slots = {name: var.read_value() for name, var in slots.items()}
+    else:
+        if rows is None:
+            rows = tf.gather(table, unique_ids)
+        old_slots = {
+            name: tf.gather(var, unique_ids) for name, var in slots.items()
+        }
+    learning_rate = tf.cast(learning_rate, rows.dtype)
+    if optimizer.weight_decay_factor:
+        decay = tf.cast(optimizer.weight_decay_factor, rows.dtype)
+        if optimizer.multiply_weight_decay_factor_by_learning_rate:
+            decay = decay * learning_rate
+        rows = rows - decay * rows
+    new_rows, new_slots = optimizer.update(
+        rows, old_slots, gradient, learning_rate
+    )
+    new_rows = _clip(
+        new_rows, (optimizer.clip_weight_min, optimizer.clip_weight_max)
+    )
+    if optimizer.updates_all_rows():
+        ops = [table.assign(new_rows)]
+        ops += [slots[name].assign(value) for name, value in new_slots.items()]
+        return ops
+    ops = [table.scatter_update(tf.IndexedSlices(new_rows, unique_ids))]
+    for name, value in new_slots.items():
+        ops.append(
+            slots[name].scatter_update(tf.IndexedSlices(value, unique_ids))
+        )
+    return ops
+
+
+def _with_done(ops: list[Any]) -> Tensor:
+    with tf.control_dependencies(ops):
+        return tf.constant(True)
+
+
+def _zero_gradient_is_noop(optimizer: EmbeddingOptimizer) -> bool:
+    """Whether a step with an all-zero gradient leaves rows and slots as is.
+
+    True for SGD and Adagrad (whose accumulator stays > 0) without weight
+    decay or weight clipping; momenta, FTRL's linear slot, decay and clipping
+    all move a row that receives a zero gradient.
+    """
+    return (
+        optimizer.zero_gradient_is_noop
+        and not optimizer.weight_decay_factor
+        and optimizer.clip_weight_min is None
+        and optimizer.clip_weight_max is None
+    )
