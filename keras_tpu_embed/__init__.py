@@ -2,6 +2,8 @@
 
 from keras_tpu_embed import optimizers as optimizers
 from keras_tpu_embed.checkpoints import engine_checkpoint as engine_checkpoint
+from keras_tpu_embed.checkpoints import restore_tables as restore_tables
+from keras_tpu_embed.checkpoints import validate_tables as validate_tables
 from keras_tpu_embed.columns import (
     categorical_column_with_hash_bucket as categorical_column_with_hash_bucket,
 )
@@ -39,8 +41,6 @@ from keras_tpu_embed.layers import SharedTPUEmbedding as SharedTPUEmbedding
 from keras_tpu_embed.layers import TPUEmbeddingLayer as TPUEmbeddingLayer
 from keras_tpu_embed.loading import load_model as load_model
 from keras_tpu_embed.loading import load_saved_model as load_saved_model
-from keras_tpu_embed.loading import restore_tables as restore_tables
-from keras_tpu_embed.loading import validate_tables as validate_tables
 from keras_tpu_embed.preprocessing import (
     FeaturePreprocessor as FeaturePreprocessor,
 )

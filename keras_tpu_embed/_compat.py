@@ -6,6 +6,7 @@ needs are imported here so that a TensorFlow upgrade breaks one module.
 """
 
 import os
+from typing import Any
 
 _BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow")
 if _BACKEND != "tensorflow":
@@ -50,6 +51,12 @@ from tensorflow.python.feature_column import (  # noqa: E402
 from tensorflow.python.ops import init_ops as tf_init_ops  # noqa: E402
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_feature_column_v2  # noqa: E402
 
+
+def nested_layers(layer: Any) -> list[Any]:
+    """Every layer inside `layer`, at any depth (Keras keeps this private)."""
+    return list(layer._flatten_layers(include_self=False))
+
+
 __all__ = [
     "tf",
     "keras",
@@ -58,5 +65,6 @@ __all__ = [
     "tf_init_ops",
     "keras_in_stateless_scope",
     "keras_in_symbolic_scope",
+    "nested_layers",
     "tf_tpu_feature_column_v2",
 ]

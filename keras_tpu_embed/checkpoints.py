@@ -18,25 +18,30 @@ from typing import Any
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.layers import embedding_layers
+from keras_tpu_embed.loading import damaged_file_error
 
 
-def _embedding_layers(model_or_layers: Any) -> list[Any]:
-    from keras_tpu_embed.layers import TPUEmbeddingLayer
+class EngineCheckpointView(tf.Module):
+    """Tables as `<table>` and slots as `<table>/<slot>`, for checkpoints."""
 
-    if isinstance(model_or_layers, TPUEmbeddingLayer):
-        return [model_or_layers]
-    if isinstance(model_or_layers, keras.layers.Layer):
-        return [
-            layer
-            for layer in model_or_layers._flatten_layers(include_self=False)
-            if isinstance(layer, TPUEmbeddingLayer)
-        ]
-    return [
-        layer for item in model_or_layers for layer in _embedding_layers(item)
-    ]
+    def __init__(self) -> None:
+        super().__init__(name="embedding_engine_checkpoint")
+        self._named: list[tuple[str, Any]] = []
+
+    def track(self, name: str, variable: Any) -> None:
+        """Tracks `variable` (its tf.Variable, which the engine saves)."""
+        if isinstance(variable, keras.Variable):
+            variable = variable.value
+        setattr(self, name, variable)
+        self._named.append((name, variable))
+
+    def named_variables(self) -> list[tuple[str, Any]]:
+        """Every `(name, variable)` tracked, tables and slots."""
+        return list(self._named)
 
 
-def engine_checkpoint(model_or_layers: Any) -> tf.Module:
+def engine_checkpoint(model_or_layers: Any) -> Any:
     """A trackable holding every table and slot under the engine's names.
 
     Args:
@@ -61,10 +66,10 @@ def engine_checkpoint(model_or_layers: Any) -> tf.Module:
     >>> sorted(name for name, _ in engine_checkpoint(layer).named_variables())
     ['item', 'item/accumulators']
     """
-    view = tf.Module(name="embedding_engine_checkpoint")
+    view = EngineCheckpointView()
     owners: dict[str, str] = {}
     names: list[tuple[str, Any]] = []
-    layers = _embedding_layers(model_or_layers)
+    layers = embedding_layers(model_or_layers)
     if not layers:
         raise ValueError(
             "No TPUEmbeddingLayer or SharedTPUEmbedding found in "
@@ -116,9 +121,94 @@ def engine_checkpoint(model_or_layers: Any) -> tf.Module:
             for slot, variable in layer.slot_variables(table.name).items():
                 names.append((f"{table.name}/{slot}", variable))
     for name, variable in names:
-        # Track the tf.Variable itself: that is what the engine saves.
-        if isinstance(variable, keras.Variable):
-            variable = variable.value
-        setattr(view, name, variable)
-    view.named_variables = lambda: list(names)  # type: ignore[attr-defined]
+        view.track(name, variable)
     return view
+
+
+_KEY_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def restore_tables(
+    model_or_layers: Any, path: str, prefix: str = "embedding"
+) -> None:
+    """Restores every table and slot from a checkpoint, or raises.
+
+    The checkpoint is one written with
+    `tf.train.Checkpoint(**{prefix: engine_checkpoint(...)})`, by `save` or
+    by `write`, here or by the TPU mid-level API.
+
+    Raises:
+        ValueError: a table or slot of the model is missing from the
+            checkpoint (renamed, or never saved), has another shape there,
+            or the checkpoint is truncated or corrupt. The message names the
+            table, the shapes, and the file.
+    """
+    view = engine_checkpoint(model_or_layers)
+    try:
+        saved = dict(tf.train.list_variables(path))
+    except (tf.errors.OpError, ValueError) as error:
+        raise damaged_file_error(path, error) from error
+    problems = []
+    for name, variable in view.named_variables():
+        key = f"{prefix}/{name.replace('/', '.S')}{_KEY_SUFFIX}"
+        if key not in saved:
+            problems.append(f"table '{name}' is missing")
+        elif list(saved[key]) != list(variable.shape):
+            problems.append(
+                f"table '{name}' has shape {list(saved[key])} in the "
+                f"checkpoint but {list(variable.shape)} in the model"
+            )
+    if problems:
+        found = sorted(
+            k[len(prefix) + 1 : -len(_KEY_SUFFIX)].replace(".S", "/")
+            for k in saved
+            if k.startswith(prefix + "/") and k.endswith(_KEY_SUFFIX)
+        )
+        raise ValueError(
+            f"Cannot restore the embedding tables from {path}: "
+            + "; ".join(problems)
+            + f". The checkpoint holds: {found}."
+        )
+    # `read`, not `restore`: `restore` also expects the `save_counter` that
+    # only `Checkpoint.save` writes, which made good `write` checkpoints
+    # look damaged.
+    try:
+        status = tf.train.Checkpoint(**{prefix: view}).read(path)
+    except tf.errors.OpError as error:
+        raise damaged_file_error(path, error) from error
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as error:
+        raise ValueError(
+            f"Cannot restore the embedding tables from {path}: {error}"
+        ) from error
+    status.expect_partial()
+
+
+def validate_tables(model_or_layer: Any) -> dict[str, list[int]]:
+    """Rows holding NaN or inf, per table (only tables that have some).
+
+    Example:
+
+    >>> item = categorical_column_with_identity("item", 4)
+    >>> layer = TPUEmbeddingLayer([embedding_column(item, 2)])
+    >>> layer.build()
+    >>> layer.table_variable("item")[2, 0].assign(float("nan"))
+    ... # doctest: +ELLIPSIS
+    <...>
+    >>> validate_tables(layer)
+    {'item': [2]}
+    """
+    view = engine_checkpoint(model_or_layer)
+    report = {}
+    for name, variable in view.named_variables():
+        if "/" in name:
+            continue
+        values = tf.convert_to_tensor(variable)
+        bad = tf.where(
+            tf.reduce_any(tf.logical_not(tf.math.is_finite(values)), axis=1)
+        )
+        rows = [int(i) for i in bad.numpy().ravel()]
+        if rows:
+            report[name] = rows
+    return report

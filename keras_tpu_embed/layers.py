@@ -7,8 +7,10 @@ math lives in `lookup/` and `optimizers.py`, the update hook in
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any
+from typing import Iterator
 from typing import Sequence
 
 from keras_tpu_embed import engine as engine_lib
@@ -16,6 +18,7 @@ from keras_tpu_embed import initialization
 from keras_tpu_embed import optimizers as optimizers_lib
 from keras_tpu_embed import update_rules
 from keras_tpu_embed._compat import keras
+from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.columns import SharedEmbeddingColumn
@@ -169,6 +172,29 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         self._serving = False
         self._serving_override: LookupDevice | None = None
         self._warned_extra_keys = False
+
+    @contextlib.contextmanager
+    def serving_lookups(
+        self, lookup_device: LookupDevice | None = None
+    ) -> Iterator[None]:
+        """Inside, calls trace the serving lookups (what an export holds).
+
+        Each table's serving device is resolved first, so that an invalid
+        one (`tpu_embedding_core`, or the tensor core for a column without
+        `tensor_core_shape`) fails here, naming the column.
+
+        Args:
+            lookup_device: `LookupDevice.CPU` or `TPU_TENSOR_CORE` for every
+                table, overriding the layer's `serving_lookup_device`.
+        """
+        saved = (self._serving, self._serving_override)
+        self._serving, self._serving_override = True, lookup_device
+        try:
+            for table in self.table_specs:
+                self._table_device(table, serving=True)
+            yield
+        finally:
+            self._serving, self._serving_override = saved
 
     def _table_device(self, table: TableSpec, serving: bool) -> LookupDevice:
         """Where `table`'s lookups run now; its columns agree on it."""
@@ -687,3 +713,18 @@ class SharedTPUEmbedding(TPUEmbeddingLayer):
             return_sequence_lengths=return_sequence_lengths,
             **kwargs,
         )
+
+
+def embedding_layers(model_or_layers: Any) -> list[TPUEmbeddingLayer]:
+    """The embedding layers of a model, a layer, or a list of either."""
+    if isinstance(model_or_layers, TPUEmbeddingLayer):
+        return [model_or_layers]
+    if isinstance(model_or_layers, keras.layers.Layer):
+        return [
+            layer
+            for layer in nested_layers(model_or_layers)
+            if isinstance(layer, TPUEmbeddingLayer)
+        ]
+    return [
+        layer for item in model_or_layers for layer in embedding_layers(item)
+    ]

@@ -20,6 +20,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
+from keras_tpu_embed.layers import embedding_layers
 from keras_tpu_embed.preprocessing import FeaturePreprocessor
 from keras_tpu_embed.preprocessing import make_parse_example_spec
 from keras_tpu_embed.types import Tensor
@@ -56,39 +57,15 @@ def _output_dict(model: keras.Model, outputs: Any) -> dict[str, Tensor]:
     return dict(zip(names, flat))
 
 
-def _embedding_layers(model: keras.Model) -> list[Any]:
-    from keras_tpu_embed.layers import TPUEmbeddingLayer
-
-    return [
-        layer
-        for layer in model._flatten_layers(include_self=False)
-        if isinstance(layer, TPUEmbeddingLayer)
-    ]
-
-
 @contextlib.contextmanager
 def serving_lookups(
     model: keras.Model, lookup_device: LookupDevice | None
 ) -> Iterator[None]:
-    """Puts every embedding layer of `model` in serving mode while tracing.
-
-    Each table's device is resolved for serving first, so an invalid one
-    (`tpu_embedding_core`, or the tensor core without `tensor_core_shape`)
-    fails here, naming the column, before anything is written.
-    """
-    layers = _embedding_layers(model)
-    saved = [(layer._serving, layer._serving_override) for layer in layers]
-    try:
-        for layer in layers:
-            layer._serving = True
-            layer._serving_override = lookup_device
-            for table in layer.table_specs:
-                layer._table_device(table, serving=True)
+    """Puts every embedding layer of `model` in serving mode while tracing."""
+    with contextlib.ExitStack() as stack:
+        for layer in embedding_layers(model):
+            stack.enter_context(layer.serving_lookups(lookup_device))
         yield
-    finally:
-        for layer, (serving, override) in zip(layers, saved):
-            layer._serving = serving
-            layer._serving_override = override
 
 
 def export_saved_model(
