@@ -2,7 +2,7 @@
 
 The layers own the tables and route each column to its lookup backend; the
 math lives in `lookup/` and `optimizers.py`, the update hook in
-`sparse_training.py`.
+`lookup/gradient_trap.py`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from typing import Iterator
 from typing import Sequence
 
 from keras_tpu_embed import engine as engine_lib
-from keras_tpu_embed import initialization
-from keras_tpu_embed import optimizers as optimizers_lib
-from keras_tpu_embed import update_rules
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import tf
@@ -32,9 +29,8 @@ from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.devices import resolve_lookup_device
-from keras_tpu_embed.lookup import dense_xla as dense_xla_lookup
-from keras_tpu_embed.lookup import sparse as sparse_lookup
-from keras_tpu_embed.sparse_training import trap_gradients
+from keras_tpu_embed.lookup.backend import Phase
+from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.tables import TableSpec
 from keras_tpu_embed.tables import group_into_tables
 from keras_tpu_embed.types import SUPPORTED_OUTPUT_MODES
@@ -156,6 +152,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         self._training_devices: dict[str, LookupDevice] = {}
         self._built_hardware = engine_lib.EmbeddingHardware.NONE
         self._engine: engine_lib.SharedEngine | None = None
+        self._local = LocalTables([], self.config, self.return_sequence_lengths)
         # A serving device given here is checked now, not at export.
         if self.serving_lookup_device is not None:
             for table in self.table_specs:
@@ -270,9 +267,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             for t in self.table_specs
             if self._training_devices[t.name] is LookupDevice.TPU_EMBEDDING_CORE
         ]
-        self._local_tables = [
-            t for t in self.table_specs if t not in engine_tables
-        ]
+        local_tables = [t for t in self.table_specs if t not in engine_tables]
         engine_sequences = [
             c.name for t in engine_tables for c in t.columns if c.is_sequence
         ]
@@ -285,28 +280,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 "dense feature, or set embedding_lookup_device="
                 "'tpu_tensor_core' on those columns."
             )
-        optimizer = self.config.optimizer
-        self._tables: dict[str, Any] = {}
-        self._slots: dict[str, dict[str, Any]] = {}
-        for table in self._local_tables:
-            self._tables[table.name] = initialization.create_table(
-                self,
-                table.name,
-                (table.vocabulary_size, table.dimension),
-                table.initializer,
-            )
-            self._slots[table.name] = {
-                slot.name: initialization.create_table(
-                    self,
-                    f"{table.name}_{slot.name}",
-                    (table.vocabulary_size, table.dimension),
-                    keras.initializers.Constant(
-                        optimizer.slot_initial_value(slot)
-                    ),
-                )
-                for slot in optimizer.SLOTS
-            }
-        self._track_tables()
+        self._local = LocalTables(
+            local_tables, self.config, self.return_sequence_lengths
+        )
+        # In the TensorFlow object graph under a stable name, so that
+        # tf.train.Checkpoint(model=...) holds every table and slot and a
+        # checkpoint read before build restores into them.
+        self.embedding_tables = self._local.create_variables(self)
         self.embedding_step = self.add_weight(
             name="embedding_step",
             shape=(),
@@ -319,7 +299,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         )
         # Stays 0 and receives a zero gradient; it exists so that Keras
         # differentiates the path through the tables, whose backward pass
-        # applies the sparse updates (see sparse_training.py). Its name says
+        # applies the sparse updates (see lookup/gradient_trap.py). Its name says
         # so in `model.trainable_weights`.
         self.gradient_trap = self.add_weight(
             name="table_update_trigger",
@@ -329,6 +309,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             trainable=True,
             autocast=False,
         )
+        self._local.bind(self.embedding_step, self.gradient_trap)
         if engine_tables:
             self._engine = engine_lib.engine_for(strategy, hardware)
             self._engine.register(
@@ -337,23 +318,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):
                 self._keys_from_shape(input_shape),
             )
         self.built = True
-
-    def _track_tables(self) -> None:
-        """Puts the tables and slots in the TensorFlow object graph.
-
-        Keras tracks variables in its own lists, which `tf.train.Checkpoint`
-        does not see. Under `embedding_tables` every table is tracked as
-        `<table>` and every slot as `<table>/<slot>` (the names of the TPU
-        mid-level API), so `tf.train.Checkpoint(model=...)` and
-        `CheckpointManager` save and restore them, and a checkpoint read
-        before the layer is built is restored into them at build.
-        """
-        tables = tf.Module(name="embedding_tables")
-        for name, variable in self._tables.items():
-            setattr(tables, name, variable)
-            for slot, slot_variable in self._slots[name].items():
-                setattr(tables, f"{name}/{slot}", slot_variable)
-        self.embedding_tables = tables
 
     def _keys_from_shape(self, input_shape: Any) -> frozenset[str] | None:
         """The feature keys this layer is called with, when build knows."""
@@ -367,17 +331,17 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     def table_variable(self, table_name: str) -> Any:
         """The `keras.Variable` of a table, by table name."""
         self._check_not_on_engine(table_name)
-        if table_name not in self._tables:
+        if table_name not in self._local.table_names:
             raise KeyError(
                 f"No table '{table_name}' in {type(self).__name__} "
-                f"'{self.name}'. Its tables: {sorted(self._tables)}."
+                f"'{self.name}'. Its tables: {sorted(self._local.table_names)}."
             )
-        return self._tables[table_name]
+        return self._local.table_variable(table_name)
 
     def slot_variables(self, table_name: str) -> dict[str, Any]:
         """The optimizer slot variables of a table, keyed by slot name."""
         self._check_not_on_engine(table_name)
-        return dict(self._slots[table_name])
+        return self._local.slot_variables(table_name)
 
     def _check_not_on_engine(self, table_name: str) -> None:
         if (
@@ -393,7 +357,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     @property
     def local_table_specs(self) -> list[TableSpec]:
         """The tables this layer holds itself (not the engine); built only."""
-        return list(self._local_tables)
+        return list(self._local.tables)
 
     @property
     def engine(self) -> engine_lib.SharedEngine | None:
@@ -442,47 +406,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             )
         return inputs
 
-    def _table_lookups(self, features: dict[str, Tensor]) -> list[Any]:
-        lookups = []
-        for table in self._local_tables:
-            device = self._table_device(table, serving=self._serving)
-            backend = (
-                dense_xla_lookup.DenseTableLookup
-                if device is LookupDevice.TPU_TENSOR_CORE
-                else sparse_lookup.SparseTableLookup
-            )
-            lookups.append(
-                backend(table, features, self.return_sequence_lengths)
-            )
-        return lookups
-
-    def _apply_gradients(
-        self, lookups: list[Any], gradients: list[Tensor]
-    ) -> Tensor:
-        """Applies every table's update, then counts the step; returns it."""
-        config = self.config
-        optimizer = config.optimizer
-        step = self.embedding_step.value
-        updates = []
-        for table, lookup, gradient in zip(
-            self._local_tables, lookups, gradients
-        ):
-            arguments = lookup.update_arguments(
-                gradient, optimizer.updates_all_rows()
-            )
-            arguments["gradient"] = update_rules.scale_and_clip(
-                arguments["gradient"], config, step
-            )
-            updates += optimizers_lib.apply_update(
-                optimizer,
-                self._tables[table.name].value,
-                {k: v.value for k, v in self._slots[table.name].items()},
-                learning_rate=update_rules.learning_rate(table, config, step),
-                **arguments,
-            )
-        with tf.control_dependencies(updates):
-            return self.embedding_step.value.assign_add(1).read_value()
-
     def _check_strategy(self) -> None:
         """The layer runs under the kind of strategy it was built under."""
         now = engine_lib.current_hardware()
@@ -513,27 +436,17 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         values: dict[str, Tensor] = {}
         if self._engine is not None:
             values.update(self._engine.activations(self, features))
-        lookups = self._table_lookups(features)
-        variables = [self._tables[t.name].value for t in self._local_tables]
-        trapped: list[Any] = [None] * len(lookups)
-        if training and lookups:
-            rows = [
-                lookup.training_rows(variable)
-                for lookup, variable in zip(lookups, variables)
-            ]
-
-            def apply_gradients(gradients: list[Tensor]) -> Tensor:
-                return self._apply_gradients(lookups, gradients)
-
-            trapped = trap_gradients(
-                rows, self.gradient_trap.value, apply_gradients
-            )
-        lengths: dict[str, Tensor] = {}
-        for lookup, variable, table_rows in zip(lookups, variables, trapped):
-            values.update(
-                lookup.outputs(variable, table_rows, compiled=self._serving)
-            )
-            lengths.update(lookup.lengths)
+        phase = Phase(
+            training=bool(training),
+            serving=self._serving,
+            devices={
+                table.name: self._table_device(table, serving=self._serving)
+                for table in self._local.tables
+            },
+        )
+        local = self._local.activations(features, phase)
+        values.update(local.values)
+        lengths = local.lengths
         outputs = {}
         for column in self.columns:
             outputs[column.name] = tf.cast(
@@ -631,7 +544,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         by_name = {t.name: t for t in group_into_tables(self.columns)}
         self.table_specs = list(by_name.values())
         if self.built:
-            self._local_tables = [by_name[t.name] for t in self._local_tables]
+            self._local.use_specs(by_name)
 
 
 @keras.saving.register_keras_serializable(package="keras_tpu_embed")

@@ -1,0 +1,186 @@
+"""The tables a layer holds itself: their variables, lookups and training.
+
+Every table that is not in the TPU embedding engine lives here, as the
+layer's own Keras variables (non-trainable for Keras: its optimizer must
+not touch them). Each call looks a table up on the device of the phase: the
+sparse lookup (`sparse.py`) or the dense XLA lookup (`dense_xla.py`). In a
+training call the gathered rows pass through the gradient trap
+(`gradient_trap.py`), whose backward pass applies the embedding optimizer's
+step to the touched rows (`update_rules.py` for the config's rules,
+`optimizers.row_update` for the optimizer's), then counts the step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Sequence
+
+from keras_tpu_embed import initialization
+from keras_tpu_embed import update_rules
+from keras_tpu_embed._compat import keras
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.config import EmbeddingConfig
+from keras_tpu_embed.devices import LookupDevice
+from keras_tpu_embed.lookup import dense_xla
+from keras_tpu_embed.lookup import sparse
+from keras_tpu_embed.lookup.backend import Activations
+from keras_tpu_embed.lookup.backend import Phase
+from keras_tpu_embed.lookup.gradient_trap import trap_gradients
+from keras_tpu_embed.optimizers import apply_update
+from keras_tpu_embed.tables import TableSpec
+from keras_tpu_embed.types import Tensor
+
+
+class LocalTables:
+    """Tables and slots owned by one layer; a `TableBackend`.
+
+    Args:
+        tables: The tables, with their columns.
+        config: The layer's `EmbeddingConfig` (optimizer and rules).
+        return_sequence_lengths: Also return sequence columns' lengths.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableSpec],
+        config: EmbeddingConfig,
+        return_sequence_lengths: bool,
+    ) -> None:
+        self.tables = list(tables)
+        self.config = config
+        self.return_sequence_lengths = return_sequence_lengths
+        self._variables: dict[str, Any] = {}
+        self._slots: dict[str, dict[str, Any]] = {}
+        self._step: Any = None
+        self._trigger: Any = None
+        self._counts_step = True
+
+    def create_variables(self, layer: keras.layers.Layer) -> Any:
+        """Creates every table and slot as a weight of `layer`.
+
+        Returns:
+            A `tf.Module` holding every table as `<table>` and every slot as
+            `<table>/<slot>`, the names of the TPU mid-level API: Keras
+            tracks variables in lists `tf.train.Checkpoint` does not see, so
+            the layer puts this module in the object graph.
+        """
+        optimizer = self.config.optimizer
+        module = tf.Module(name="embedding_tables")
+        for table in self.tables:
+            shape = (table.vocabulary_size, table.dimension)
+            variable = initialization.create_table(
+                layer, table.name, shape, table.initializer
+            )
+            self._variables[table.name] = variable
+            setattr(module, table.name, variable)
+            self._slots[table.name] = {}
+            for slot in optimizer.SLOTS:
+                slot_variable = initialization.create_table(
+                    layer,
+                    f"{table.name}_{slot.name}",
+                    shape,
+                    keras.initializers.Constant(
+                        optimizer.slot_initial_value(slot)
+                    ),
+                )
+                self._slots[table.name][slot.name] = slot_variable
+                setattr(module, f"{table.name}/{slot.name}", slot_variable)
+        return module
+
+    def bind(self, step: Any, trigger: Any, counts_step: bool = True) -> None:
+        """The layer's variables that training reads and writes.
+
+        Args:
+            step: The layer's `embedding_step` variable, read by the rules.
+            trigger: The scalar trainable variable whose gradient runs the
+                updates (see `gradient_trap.py`).
+            counts_step: Whether these tables' updates count the step (not
+                when the TPU engine counts it for the same layer).
+        """
+        self._step, self._trigger = step, trigger
+        self._counts_step = counts_step
+
+    def use_specs(self, by_name: dict[str, TableSpec]) -> None:
+        """Takes new specs of the same tables (after `load_assets`)."""
+        self.tables = [by_name[table.name] for table in self.tables]
+
+    @property
+    def table_names(self) -> list[str]:
+        return [table.name for table in self.tables]
+
+    def table_variable(self, name: str) -> Any:
+        return self._variables[name]
+
+    def slot_variables(self, name: str) -> dict[str, Any]:
+        return dict(self._slots[name])
+
+    def activations(
+        self, features: dict[str, Tensor], phase: Phase
+    ) -> Activations:
+        """Looks every table up; in training, its rows go through the trap."""
+        lookups = [
+            self._lookup(table, features, phase.devices[table.name])
+            for table in self.tables
+        ]
+        variables = [self._variables[t.name].value for t in self.tables]
+        trapped: list[Any] = [None] * len(lookups)
+        if phase.training and lookups:
+            rows = [
+                lookup.training_rows(variable)
+                for lookup, variable in zip(lookups, variables)
+            ]
+
+            def apply_gradients(gradients: list[Tensor]) -> Tensor:
+                return self._apply_gradients(lookups, gradients)
+
+            trapped = trap_gradients(rows, self._trigger.value, apply_gradients)
+        values: dict[str, Tensor] = {}
+        lengths: dict[str, Tensor] = {}
+        for lookup, variable, table_rows in zip(lookups, variables, trapped):
+            values.update(
+                lookup.outputs(variable, table_rows, compiled=phase.serving)
+            )
+            lengths.update(lookup.lengths)
+        return Activations(values=values, lengths=lengths)
+
+    def _lookup(
+        self,
+        table: TableSpec,
+        features: dict[str, Tensor],
+        device: LookupDevice,
+    ) -> Any:
+        if device is LookupDevice.TPU_TENSOR_CORE:
+            return dense_xla.DenseTableLookup(
+                table, features, self.return_sequence_lengths
+            )
+        return sparse.SparseTableLookup(
+            table, features, self.return_sequence_lengths
+        )
+
+    def _apply_gradients(
+        self, lookups: list[Any], gradients: list[Tensor]
+    ) -> Tensor:
+        """Every table's update, then the step count; returns a number
+        computed after all of them (the trap's data dependency)."""
+        config = self.config
+        optimizer = config.optimizer
+        step = self._step.value
+        updates = []
+        for table, lookup, gradient in zip(self.tables, lookups, gradients):
+            arguments = lookup.update_arguments(
+                gradient, optimizer.updates_all_rows()
+            )
+            arguments["gradient"] = update_rules.scale_and_clip(
+                arguments["gradient"], config, step
+            )
+            updates += apply_update(
+                optimizer,
+                self._variables[table.name].value,
+                {k: v.value for k, v in self._slots[table.name].items()},
+                learning_rate=update_rules.learning_rate(table, config, step),
+                **arguments,
+            )
+        with tf.control_dependencies(updates):
+            if self._counts_step:
+                return self._step.value.assign_add(1).read_value()
+            return tf.identity(self._step.value)
