@@ -40,10 +40,6 @@ class Adagrad(EmbeddingOptimizer):
 
     zero_gradient_is_noop: ClassVar[bool] = True
 
-    @classmethod
-    def tpu_twin(cls) -> Any:
-        return tf.tpu.experimental.embedding.Adagrad
-
     learning_rate: float | Callable[[], float] = dataclasses.field(
         default=0.001, kw_only=False
     )
@@ -52,6 +48,10 @@ class Adagrad(EmbeddingOptimizer):
     SLOTS: ClassVar[tuple[SlotSpec, ...]] = (
         SlotSpec("accumulators", "initial_accumulator_value"),
     )
+
+    @classmethod
+    def tpu_twin(cls) -> Any:
+        return tf.tpu.experimental.embedding.Adagrad
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,10 +102,6 @@ class AdagradMomentum(EmbeddingOptimizer):
     0.9
     """
 
-    @classmethod
-    def tpu_twin(cls) -> Any:
-        return tf.tpu.experimental.embedding.AdagradMomentum
-
     learning_rate: float | Callable[[], float] = dataclasses.field(
         default=0.001, kw_only=False
     )
@@ -119,6 +115,10 @@ class AdagradMomentum(EmbeddingOptimizer):
         SlotSpec("accumulators", None),
         SlotSpec("momenta", None),
     )
+
+    @classmethod
+    def tpu_twin(cls) -> Any:
+        return tf.tpu.experimental.embedding.AdagradMomentum
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -50,10 +50,6 @@ class Adam(EmbeddingOptimizer):
     True
     """
 
-    @classmethod
-    def tpu_twin(cls) -> Any:
-        return tf.tpu.experimental.embedding.Adam
-
     learning_rate: float | Callable[[], float] = dataclasses.field(
         default=0.001, kw_only=False
     )
@@ -67,6 +63,10 @@ class Adam(EmbeddingOptimizer):
         SlotSpec("momenta", None),
         SlotSpec("velocities", None),
     )
+
+    @classmethod
+    def tpu_twin(cls) -> Any:
+        return tf.tpu.experimental.embedding.Adam
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -55,10 +55,6 @@ class FTRL(EmbeddingOptimizer):
     0.0
     """
 
-    @classmethod
-    def tpu_twin(cls) -> Any:
-        return tf.tpu.experimental.embedding.FTRL
-
     learning_rate: float | Callable[[], float] = dataclasses.field(
         default=0.001, kw_only=False
     )
@@ -74,6 +70,10 @@ class FTRL(EmbeddingOptimizer):
         SlotSpec("accumulators", "initial_accumulator_value"),
         SlotSpec("linears", None),
     )
+
+    @classmethod
+    def tpu_twin(cls) -> Any:
+        return tf.tpu.experimental.embedding.FTRL
 
     def __post_init__(self) -> None:
         super().__post_init__()
