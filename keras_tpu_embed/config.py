@@ -8,6 +8,7 @@ from typing import Callable
 
 from keras_tpu_embed import optimizers
 from keras_tpu_embed._compat import keras
+from keras_tpu_embed.serialization import serializable
 
 SUPPORTED_PARTITION_STRATEGIES: tuple[str, ...] = ("div", "mod")
 
@@ -16,7 +17,7 @@ def _default_optimizer() -> optimizers.EmbeddingOptimizer:
     return optimizers.SGD(learning_rate=0.01)
 
 
-@keras.saving.register_keras_serializable(package="keras_tpu_embed")
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EmbeddingConfig:
     """How embedding tables are trained, on the TPU engine and off it.

@@ -31,6 +31,7 @@ from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.devices import resolve_lookup_device
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.local_tables import LocalTables
+from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.tables import TableSpec
 from keras_tpu_embed.tables import group_into_tables
 from keras_tpu_embed.types import SUPPORTED_OUTPUT_MODES
@@ -39,7 +40,7 @@ from keras_tpu_embed.types import Tensor
 SEQUENCE_LENGTH_SUFFIX = "_sequence_length"
 
 
-@keras.saving.register_keras_serializable(package="keras_tpu_embed")
+@serializable
 class TPUEmbeddingLayer(keras.layers.Layer):
     """Embedding lookups for feature-column specs, trained like the TPU engine.
 
@@ -299,8 +300,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         )
         # Stays 0 and receives a zero gradient; it exists so that Keras
         # differentiates the path through the tables, whose backward pass
-        # applies the sparse updates (see lookup/gradient_trap.py). Its name says
-        # so in `model.trainable_weights`.
+        # applies the sparse updates (see lookup/gradient_trap.py). Its
+        # name says so in `model.trainable_weights`.
         self.gradient_trap = self.add_weight(
             name="table_update_trigger",
             shape=(),
@@ -547,7 +548,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             self._local.use_specs(by_name)
 
 
-@keras.saving.register_keras_serializable(package="keras_tpu_embed")
+@serializable
 class SharedTPUEmbedding(TPUEmbeddingLayer):
     """One embedding table looked up by several features.
 

@@ -27,6 +27,7 @@ from keras_tpu_embed.ids import densify
 from keras_tpu_embed.ids import ids_below
 from keras_tpu_embed.ids import map_to_default
 from keras_tpu_embed.ids import width_of
+from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import Tensor
 
 
@@ -202,7 +203,7 @@ class _IdMapper:
         return self.table.lookup(values)
 
 
-@keras.saving.register_keras_serializable(package="keras_tpu_embed")
+@serializable
 class FeaturePreprocessor(keras.layers.Layer):
     """Maps raw features to the ids and weights the embedding layers take.
 

@@ -18,12 +18,7 @@ from keras_tpu_embed.columns.vocabulary_files import STRING_DTYPES
 from keras_tpu_embed.columns.vocabulary_files import check_vocabulary_dtype
 from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
 from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
-
-
-def _register(cls: type) -> type:
-    return keras.saving.register_keras_serializable(package="keras_tpu_embed")(
-        cls
-    )
+from keras_tpu_embed.serialization import serializable
 
 
 def dtype_name(dtype: Any, argument: str, key: str) -> str:
@@ -87,7 +82,7 @@ class CategoricalColumn:
         return cls(**config)
 
 
-@_register
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class IdentityColumn(CategoricalColumn):
     """Ids given directly as integers in `[0, num_buckets)`.
@@ -122,7 +117,7 @@ class IdentityColumn(CategoricalColumn):
             )
 
 
-@_register
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class VocabularyListColumn(CategoricalColumn):
     """Values mapped to their index in an in-memory vocabulary.
@@ -185,7 +180,7 @@ class VocabularyListColumn(CategoricalColumn):
         return cls(**config)
 
 
-@_register
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class VocabularyFileColumn(CategoricalColumn):
     """Values mapped to their line number in a vocabulary file.
@@ -243,7 +238,7 @@ class VocabularyFileColumn(CategoricalColumn):
         return self.dtype
 
 
-@_register
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HashedColumn(CategoricalColumn):
     """Values hashed into `hash_bucket_size` buckets.
@@ -279,7 +274,7 @@ class HashedColumn(CategoricalColumn):
         return self.dtype
 
 
-@_register
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WeightedColumn(CategoricalColumn):
     """A categorical column whose ids carry weights from another feature."""

@@ -16,6 +16,7 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed.columns import categorical as columns_lib
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
+from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import SUPPORTED_COMBINERS
 from keras_tpu_embed.types import InitializerLike
 from keras_tpu_embed.types import LearningRateFn
@@ -161,7 +162,7 @@ class _EmbeddingSpec:
         return cls(**config)
 
 
-@keras.saving.register_keras_serializable(package="keras_tpu_embed")
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EmbeddingColumn(_EmbeddingSpec):
     """An embedding column with a table of its own. See `embedding_column`."""
@@ -176,7 +177,7 @@ class EmbeddingColumn(_EmbeddingSpec):
         return self.categorical_column.name
 
 
-@keras.saving.register_keras_serializable(package="keras_tpu_embed")
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SharedEmbeddingColumn(_EmbeddingSpec):
     """One feature of a shared table. See `shared_embedding_columns`."""

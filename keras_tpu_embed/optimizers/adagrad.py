@@ -14,11 +14,11 @@ from keras_tpu_embed.optimizers.base import SlotSpec
 from keras_tpu_embed.optimizers.base import check_number
 from keras_tpu_embed.optimizers.base import check_positive
 from keras_tpu_embed.optimizers.base import check_range
-from keras_tpu_embed.optimizers.base import register
+from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import Tensor
 
 
-@register
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Adagrad(EmbeddingOptimizer):
     """Adagrad: `a += g**2; w -= lr * g / sqrt(a)`, no epsilon.
@@ -73,7 +73,7 @@ class Adagrad(EmbeddingOptimizer):
         return rows, {"accumulators": accumulator}
 
 
-@register
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AdagradMomentum(EmbeddingOptimizer):
     """Adagrad with momentum, as the engine computes it.

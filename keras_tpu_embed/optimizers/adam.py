@@ -13,11 +13,11 @@ from keras_tpu_embed.optimizers.base import EmbeddingOptimizer
 from keras_tpu_embed.optimizers.base import SlotSpec
 from keras_tpu_embed.optimizers.base import check_positive
 from keras_tpu_embed.optimizers.base import check_range
-from keras_tpu_embed.optimizers.base import register
+from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import Tensor
 
 
-@register
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Adam(EmbeddingOptimizer):
     """Adam as the engine computes it: no bias correction.

@@ -200,10 +200,3 @@ class EmbeddingOptimizer:
                 config["learning_rate"]
             )
         return cls(**config)
-
-
-def register(cls: type) -> type:
-    """Registers an optimizer class for Keras serialization."""
-    return keras.saving.register_keras_serializable(package="keras_tpu_embed")(
-        cls
-    )

@@ -14,11 +14,11 @@ from keras_tpu_embed.optimizers.base import SlotSpec
 from keras_tpu_embed.optimizers.base import check_non_negative
 from keras_tpu_embed.optimizers.base import check_positive
 from keras_tpu_embed.optimizers.base import check_range
-from keras_tpu_embed.optimizers.base import register
+from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import Tensor
 
 
-@register
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FTRL(EmbeddingOptimizer):
     """Follow-the-regularized-leader, with the engine's `beta`.

@@ -9,11 +9,11 @@ from typing import Mapping
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.optimizers.base import EmbeddingOptimizer
-from keras_tpu_embed.optimizers.base import register
+from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import Tensor
 
 
-@register
+@serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SGD(EmbeddingOptimizer):
     """Stochastic gradient descent: `w -= lr * g`.
