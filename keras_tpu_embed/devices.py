@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 
-class LookupDevice(enum.Enum):
+class LookupDevice(str, enum.Enum):
     """Where an embedding lookup runs.
 
     `CPU`: the sparse lookup on the default device in training, on the host
@@ -17,6 +17,9 @@ class LookupDevice(enum.Enum):
     CPU = "cpu"
     TPU_TENSOR_CORE = "tpu_tensor_core"
     TPU_EMBEDDING_CORE = "tpu_embedding_core"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 SUPPORTED_LOOKUP_DEVICES: tuple[str, ...] = tuple(d.value for d in LookupDevice)

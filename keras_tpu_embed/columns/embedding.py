@@ -49,7 +49,8 @@ class _EmbeddingSpec:
     initializer: InitializerLike | None = None
     max_sequence_length: int = 0
     learning_rate_fn: LearningRateFn | None = None
-    embedding_lookup_device: str | None = None
+    # A string at the API, validated once into a `LookupDevice`.
+    embedding_lookup_device: LookupDevice | str | None = None
     tensor_core_shape: tuple[int | None, int] | None = None
     use_safe_embedding_lookup: bool = True
 
@@ -88,6 +89,7 @@ class _EmbeddingSpec:
                 f"{self.learning_rate_fn!r}"
             )
         device = parse_lookup_device(self.embedding_lookup_device)
+        object.__setattr__(self, "embedding_lookup_device", device)
         shape = _check_tensor_core_shape(self.tensor_core_shape, column.name)
         object.__setattr__(self, "tensor_core_shape", shape)
         # Sequence columns are padded to `max_sequence_length` already, so
@@ -104,7 +106,7 @@ class _EmbeddingSpec:
 
     @property
     def lookup_device(self) -> LookupDevice | None:
-        """The column's `embedding_lookup_device` as a `LookupDevice`."""
+        """The column's `embedding_lookup_device` (a `LookupDevice`)."""
         return parse_lookup_device(self.embedding_lookup_device)
 
     @property
@@ -147,6 +149,8 @@ class _EmbeddingSpec:
         config["learning_rate_fn"] = _serialize_callable(self.learning_rate_fn)
         if self.tensor_core_shape is not None:
             config["tensor_core_shape"] = list(self.tensor_core_shape)
+        if self.lookup_device is not None:
+            config["embedding_lookup_device"] = self.lookup_device.value
         return config
 
     @classmethod
