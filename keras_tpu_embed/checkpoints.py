@@ -22,7 +22,7 @@ from keras_tpu_embed.layers import embedding_layers
 from keras_tpu_embed.loading import damaged_file_error
 
 
-class EngineCheckpointView(tf.Module):
+class EngineCheckpointView(tf.Module):  # type: ignore[misc]
     """Tables as `<table>` and slots as `<table>/<slot>`, for checkpoints."""
 
     def __init__(self) -> None:

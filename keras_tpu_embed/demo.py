@@ -37,7 +37,9 @@ def _zipf(rng: np.random.Generator, size: int, n: int, s: float) -> Any:
     return rng.choice(n, size=size, p=weights / weights.sum())
 
 
-def make_click_log(num_examples: int, seed: int = 0) -> tuple[dict, Any]:
+def make_click_log(
+    num_examples: int, seed: int = 0
+) -> tuple[dict[str, Any], Any]:
     """A deterministic click log: raw features and 0/1 labels.
 
     A click is drawn with probability sigmoid(user·item affinity + history
@@ -67,7 +69,7 @@ def make_click_log(num_examples: int, seed: int = 0) -> tuple[dict, Any]:
         tag_weights[row, : tag_counts[row]] = weights
         tag_score[row] = np.average(tag_effect[chosen], weights=weights)
         length = rng.integers(1, MAX_HISTORY + 1)
-        past = _zipf(rng, length, NUM_ITEMS, 1.1)
+        past = _zipf(rng, int(length), NUM_ITEMS, 1.1)
         history[row, :length] = past
         recent = past[:HISTORY_LENGTH]
         history_score[row] = item_vec[recent].mean(0) @ item_vec[items[row]]
@@ -98,7 +100,7 @@ def write_user_vocabulary(directory: str) -> str:
     return path
 
 
-def build_columns(vocabulary_file: str) -> tuple[list, list]:
+def build_columns(vocabulary_file: str) -> tuple[list[Any], list[Any]]:
     """The feature columns of the demo: own tables and one shared table."""
     user = kte.categorical_column_with_vocabulary_file(
         "user_id", vocabulary_file, num_oov_buckets=1
@@ -126,7 +128,7 @@ def build_columns(vocabulary_file: str) -> tuple[list, list]:
 
 
 def build_model(
-    preprocessor: kte.FeaturePreprocessor, own: list, shared: list
+    preprocessor: kte.FeaturePreprocessor, own: list[Any], shared: list[Any]
 ) -> keras.Model:
     config = kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1))
     inputs = preprocessor.keras_inputs()
@@ -155,7 +157,7 @@ def build_model(
 
 def _dataset(
     preprocessor: kte.FeaturePreprocessor,
-    features: dict,
+    features: dict[str, Any],
     labels: Any,
     batch_size: int,
     shuffle: bool,

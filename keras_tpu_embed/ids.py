@@ -112,7 +112,7 @@ def _rank(feature: str, value: Tensor) -> int:
             f"Feature '{feature}' must be rank 1 `[batch]` or rank 2 "
             f"`[batch, n]`, got rank {rank} with shape {value.shape}."
         )
-    return rank
+    return int(rank)
 
 
 def to_id_batch(
@@ -296,7 +296,8 @@ def identity_default(column: Any) -> int | None:
     """The id that out-of-range ids map to, for identity columns."""
     base = column.categorical_column.base
     if isinstance(base, IdentityColumn):
-        return base.default_value  # type: ignore[no-any-return]
+        default: int | None = base.default_value
+        return default
     return None
 
 

@@ -41,7 +41,7 @@ SEQUENCE_LENGTH_SUFFIX = "_sequence_length"
 
 
 @serializable
-class TPUEmbeddingLayer(keras.layers.Layer):
+class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     """Embedding lookups for feature-column specs, trained like the TPU engine.
 
     Takes the ids and weights produced by `FeaturePreprocessor` (or plain
@@ -368,11 +368,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     def _trackable_children(
         self, save_type: str = "checkpoint", **kwargs: Any
     ) -> dict[str, Any]:
-        children = super()._trackable_children(save_type, **kwargs)
+        children: dict[str, Any] = super()._trackable_children(
+            save_type, **kwargs
+        )
         engine = getattr(self, "_engine", None)
         if engine is not None and engine.mid_level is not None:
             # The engine owns this layer's tables: checkpoint it with them.
-            children["tpu_embedding"] = self._engine.mid_level
+            children["tpu_embedding"] = engine.mid_level
         return children
 
     # ------------------------------------------------------------------- call
@@ -502,7 +504,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     # ---------------------------------------------------------- serialization
 
     def get_config(self) -> dict[str, Any]:
-        config = super().get_config()
+        config: dict[str, Any] = super().get_config()
         config.update(
             {
                 "columns": [

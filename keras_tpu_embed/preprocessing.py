@@ -195,6 +195,7 @@ class _IdMapper:
             return tf.strings.to_hash_bucket_fast(values, base.hash_bucket_size)
         if self.table is None:
             # Only a vocabulary-file column whose file is gone gets here.
+            assert isinstance(base, columns_lib.VocabularyFileColumn)
             columns_lib.read_vocabulary_file(
                 base.vocabulary_file, base.key, base.input_dtype
             )
@@ -204,7 +205,7 @@ class _IdMapper:
 
 
 @serializable
-class FeaturePreprocessor(keras.layers.Layer):
+class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
     """Maps raw features to the ids and weights the embedding layers take.
 
     Runs on the host: inside `tf.data.Dataset.map` for training and inside
@@ -351,7 +352,7 @@ class FeaturePreprocessor(keras.layers.Layer):
         }
 
     def get_config(self) -> dict[str, Any]:
-        config = super().get_config()
+        config: dict[str, Any] = super().get_config()
         config["columns"] = [
             keras.saving.serialize_keras_object(c) for c in self._columns_arg
         ]

@@ -54,3 +54,32 @@ from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
 from keras_tpu_embed.columns.vocabulary_files import (
     vocabulary_files_from_archive,
 )
+
+__all__ = [
+    "CategoricalColumn",
+    "HashedColumn",
+    "IdentityColumn",
+    "VocabularyFileColumn",
+    "VocabularyListColumn",
+    "WeightedColumn",
+    "categorical_column_with_hash_bucket",
+    "categorical_column_with_identity",
+    "categorical_column_with_vocabulary_file",
+    "categorical_column_with_vocabulary_list",
+    "input_keys",
+    "sequence_categorical_column_with_hash_bucket",
+    "sequence_categorical_column_with_identity",
+    "sequence_categorical_column_with_vocabulary_file",
+    "sequence_categorical_column_with_vocabulary_list",
+    "weighted_categorical_column",
+    "AnyEmbeddingColumn",
+    "EmbeddingColumn",
+    "SharedEmbeddingColumn",
+    "embedding_column",
+    "shared_embedding_columns",
+    "to_categorical_column",
+    "to_embedding_column",
+    "to_embedding_columns",
+    "read_vocabulary_file",
+    "vocabulary_files_from_archive",
+]

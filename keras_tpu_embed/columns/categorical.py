@@ -10,6 +10,7 @@ on top.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 from typing import Any
 
 from keras_tpu_embed._compat import keras
@@ -29,7 +30,7 @@ def dtype_name(dtype: Any, argument: str, key: str) -> str:
             f"`{argument}` of column '{key}' must be a TensorFlow dtype. "
             f"Received: {argument}={dtype!r}"
         ) from error
-    return name
+    return str(name)
 
 
 def _check_key(key: Any) -> None:
@@ -58,8 +59,12 @@ class CategoricalColumn:
 
     # The key of the weights feature; only weighted columns have one.
     weight_feature_key: str | None = None
-    # The number of distinct ids, which is the table's row count.
-    num_buckets: int
+
+    if TYPE_CHECKING:
+        # A field of some specs, a property of others.
+        @property
+        def num_buckets(self) -> int:
+            """The number of distinct ids: the table's row count."""
 
     @property
     def input_dtype(self) -> str:
@@ -280,7 +285,7 @@ class WeightedColumn(CategoricalColumn):
     """A categorical column whose ids carry weights from another feature."""
 
     categorical_column: CategoricalColumn
-    weight_feature_key: str = dataclasses.field()  # type: ignore[assignment]
+    weight_feature_key: str = dataclasses.field()
     dtype: str = "float32"
 
     def __post_init__(self) -> None:

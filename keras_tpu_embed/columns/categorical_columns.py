@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from typing import Any
+from typing import TypeVar
 
 from keras_tpu_embed.columns.categorical import CategoricalColumn
 from keras_tpu_embed.columns.categorical import HashedColumn
@@ -165,9 +166,15 @@ def weighted_categorical_column(
     )
 
 
-def as_sequence(column: CategoricalColumn) -> Any:
+_Spec = TypeVar("_Spec", bound=CategoricalColumn)
+
+
+def as_sequence(column: _Spec) -> _Spec:
     """The sequence form of a categorical spec (same ids, one per step)."""
-    return dataclasses.replace(column, is_sequence=True)  # type: ignore
+    sequence: _Spec = dataclasses.replace(  # type: ignore[type-var]
+        column, is_sequence=True
+    )
+    return sequence
 
 
 def sequence_categorical_column_with_identity(

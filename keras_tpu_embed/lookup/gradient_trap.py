@@ -45,7 +45,7 @@ def trap_gradients(
     only on control edges in `model.fit` with some Keras optimizers (Adam).
     """
 
-    @tf.custom_gradient
+    @tf.custom_gradient  # type: ignore[untyped-decorator]
     def trap(*inputs: Tensor) -> Any:
         outputs = [tf.identity(r) for r in inputs[:-1]]
 

@@ -16,7 +16,7 @@ from keras_tpu_embed.optimizers.base import EmbeddingOptimizer
 from keras_tpu_embed.optimizers.ftrl import FTRL
 from keras_tpu_embed.optimizers.sgd import SGD
 
-SUPPORTED_OPTIMIZERS: tuple[type, ...] = (
+SUPPORTED_OPTIMIZERS: tuple[type[EmbeddingOptimizer], ...] = (
     SGD,
     Adagrad,
     AdagradMomentum,
@@ -29,7 +29,7 @@ def from_tpu(optimizer: Any) -> EmbeddingOptimizer:
     """Our twin of a `tf.tpu.experimental.embedding` optimizer."""
     for ours in SUPPORTED_OPTIMIZERS:
         if type(optimizer) is ours.tpu_twin():
-            values = {}
+            values: dict[str, Any] = {}
             for field in dataclasses.fields(ours):
                 if field.name == "clipvalue":
                     low = optimizer.clip_gradient_min
@@ -39,7 +39,7 @@ def from_tpu(optimizer: Any) -> EmbeddingOptimizer:
                     )
                 else:
                     values[field.name] = getattr(optimizer, field.name)
-            return ours(**values)  # type: ignore[no-any-return]
+            return ours(**values)
     raise TypeError(
         "No keras_tpu_embed twin for the TPU optimizer "
         f"{type(optimizer).__name__}; supported: "
