@@ -47,3 +47,16 @@ def test_import_fails_clearly_without_tensorflow():
     assert completed.returncode != 0
     assert "keras_tpu_embed needs TensorFlow" in completed.stderr
     assert "keras_tpu_embed[cpu]" in completed.stderr
+
+
+def test_ci_runs_the_suite_on_both_supported_tensorflow_versions():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    test_command = re.match(r"```bash\n(.*?)\n```", readme, re.S).group(1)
+    # Step 1: the README command, which installs the newest allowed (2.21).
+    assert "'.[cpu,dev]'" in test_command.splitlines()[1]
+    assert "'tf-keras~=2.21.0'" in test_command.splitlines()[1]
+    # Step 2: TensorFlow 2.20 in a second virtualenv, then the same suite.
+    assert "'tensorflow-cpu==2.20.*'" in ci
+    assert "'tf-keras~=2.20.0'" in ci
+    assert ".venv220/bin/python -m pytest -q" in ci
