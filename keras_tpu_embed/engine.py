@@ -334,6 +334,7 @@ class SharedEngine:
                     )
                 features[feature] = inputs[ids_key]
                 weights[feature] = inputs[weights_key] if weights_key else None
+        self._check_enqueue_inputs(features)
         has_weights = any(w is not None for w in weights.values())
         flat = self._dequeue_with_trap(
             name,
@@ -343,17 +344,58 @@ class SharedEngine:
             [member.layer().gradient_trap.value for member in self._members],
         )
         activations = tf.nest.pack_sequence_as(self._feature_configs, flat)
-        for feature, value in features.items():
-            if _is_dense_column_of_ones(value) and not self._is_sequence(
-                feature
-            ):
-                # Dense `[batch, 1]` ids come back `[batch, 1, dim]` from the
-                # engine; every other path gives `[batch, dim]`.
-                activations[feature] = tf.squeeze(activations[feature], 1)
+        self._check_activation_shapes(activations)
         return _Step(name=name, activations=activations)
 
     def _is_sequence(self, feature: str) -> bool:
         return any(feature in member.sequence for member in self._members)
+
+    def _check_enqueue_inputs(self, features: dict[str, Tensor]) -> None:
+        """Refuses, at trace time, inputs the engine would answer wrongly.
+
+        TF's V1 engine reads a dense input as one id per example and sizes
+        the output from the input shape
+        (`TPUEmbedding._get_output_shapes_from_input_shapes`): a dense
+        sequence feature would come back combined, `[batch, dim]`, not
+        `[batch, max_sequence_length, dim]`.
+        """
+        for feature, value in features.items():
+            if isinstance(value, tf.Tensor) and self._is_sequence(feature):
+                raise ValueError(
+                    f"Sequence feature '{feature}' reaches the TPU embedding "
+                    f"engine as a dense tensor of shape {value.shape}. The "
+                    "engine reads dense ids as one id per example and would "
+                    "return [batch, dim], not [batch, max_sequence_length, "
+                    "dim]. Feed it as a tf.SparseTensor or tf.RaggedTensor "
+                    "(kte.FeaturePreprocessor outputs sparse ids)."
+                )
+
+    def _check_activation_shapes(self, activations: dict[str, Tensor]) -> None:
+        """The engine's activations have the shapes the layers declare.
+
+        TF's `TPUEmbedding.dequeue` returns `(*output_shape, dim)` with the
+        output shape read from the input (`tpu_embedding_v2.py`,
+        `_get_output_shapes_from_input_shapes`): `[batch, dim]` for dense
+        `[batch]` / `[batch, 1]` and for sparse or ragged ids,
+        `[batch, max_sequence_length, dim]` for sparse or ragged sequence
+        ids. Anything else (e.g. an `output_shape` in a user's
+        `FeatureConfig`) fails here, at trace time, not in a later layer.
+        """
+        for feature, value in activations.items():
+            config = self._feature_configs[feature]
+            tail = [config.table.dim]
+            if config.max_sequence_length > 0:
+                tail.insert(0, config.max_sequence_length)
+            shape = value.shape
+            if shape.rank != len(tail) + 1 or shape.as_list()[1:] != tail:
+                raise ValueError(
+                    f"The TPU embedding engine returned shape {shape} for "
+                    f"feature '{feature}'; the layer declares "
+                    f"[batch, {', '.join(map(str, tail))}]. Feed its ids as "
+                    "dense [batch] / [batch, 1] or as a rank-2 "
+                    "tf.SparseTensor / tf.RaggedTensor, and leave "
+                    "FeatureConfig.output_shape unset."
+                )
 
     def _scaled_gradients(self, gradients: dict[str, Any]) -> dict[str, Any]:
         """Applies each layer's gradient multiplier to its features."""
@@ -458,11 +500,3 @@ class SharedEngine:
                 "distribute the input with kte.distribute_dataset(strategy, "
                 "dataset, global_batch_size=...)."
             ) from error
-
-
-def _is_dense_column_of_ones(value: Any) -> bool:
-    return (
-        isinstance(value, tf.Tensor)
-        and value.shape.rank == 2
-        and value.shape[-1] == 1
-    )

@@ -16,7 +16,16 @@ enforces the invariants TensorFlow enforces on a TPU:
 - `apply_gradients` once per step with that name and the full gradient
   structure, each gradient shaped like its activation.
 
-Lookups use a real `TPUEmbedding` built on CPU (the variable layout the TPU
+Output shapes are TensorFlow's, never a rule of ours: each enqueue runs the
+shape logic of a real `TPUEmbedding` built on CPU (`tpu_embedding_v2.py`,
+`TPUEmbedding`: `_get_input_shapes`, then
+`_get_and_update_output_shapes_from_input` on the first enqueue as `build`
+does, and `_check_output_shapes` on every enqueue as `enqueue` does). So an
+activation is `(*output_shape, dim)` as `TPUEmbedding.dequeue` documents:
+`[batch, dim]` for dense `[batch, 1]` ids; a second batch size raises
+"Inconsistent shape" and an unknown one "not fully defined".
+
+Lookups use that CPU `TPUEmbedding` (the variable layout the TPU
 checkpoints too) and `tf.tpu.experimental.embedding.serving_embedding_lookup`;
 `apply_gradients` applies plain SGD at the table optimizer's learning rate,
 so that tests can see gradients arrive where they belong. Counters record
@@ -119,6 +128,7 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                     "op, not a direct input of the step; TF cannot enqueue "
                     "it from the host."
                 )
+        output_shapes = self._tensorflow_output_shapes(features)
         self.build()
         key = (id(_graph()), name)
         if key in self._steps:
@@ -127,9 +137,50 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             "features": features,
             "weights": weights,
             "training": training,
+            "output_shapes": output_shapes,
         }
         self.events.append(("enqueue", name, tuple(sorted(features))))
         self._count("enqueue")
+
+    def _tensorflow_output_shapes(self, features: Any) -> list[Any]:
+        """TF's per-replica output shapes for `features`, TF's errors too.
+
+        The enqueue runs inside the replica function, so the shapes are
+        per replica (`per_replica=True`, `in_tpu_context=True`).
+        """
+        cpu = self._cpu
+        input_shapes = cpu._get_input_shapes(
+            features, per_replica=True, in_tpu_context=True
+        )
+        if not self.built:
+            # What TPUEmbedding.build does on a TPU (the CPU object skips it).
+            cpu._get_and_update_output_shapes_from_input(input_shapes)
+        cpu._check_output_shapes(
+            cpu._get_output_shapes_from_input_shapes(input_shapes)
+        )
+        return list(cpu._output_shapes)
+
+    def _lookup(self, step: dict[str, Any], tables: Any = None) -> list[Any]:
+        """The CPU lookup, flat, in the serving lookup's own shapes."""
+        return tf.nest.flatten(
+            tf.tpu.experimental.embedding.serving_embedding_lookup(
+                step["features"],
+                step["weights"],
+                tables or self._cpu.embedding_tables,
+                self._feature_config,
+            )
+        )
+
+    def _on_tpu_shapes(self, step: dict[str, Any], flat: list[Any]) -> Any:
+        """The CPU lookup reshaped to TF's `(*output_shape, dim)`."""
+        shaped = []
+        for value, shape, feature in zip(
+            flat, step["output_shapes"], tf.nest.flatten(self._feature_config)
+        ):
+            shaped.append(
+                tf.reshape(value, shape.as_list() + [feature.table.dim])
+            )
+        return tf.nest.pack_sequence_as(self._feature_config, shaped)
 
     def dequeue(self, name: str | None = None) -> Any:
         step = self._steps.get((id(_graph()), name))
@@ -140,14 +191,7 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             )
         if "activations" in step:
             raise RuntimeError(f"stand-in: second dequeue named {name!r}")
-        step["activations"] = (
-            tf.tpu.experimental.embedding.serving_embedding_lookup(
-                step["features"],
-                step["weights"],
-                self._cpu.embedding_tables,
-                self._feature_config,
-            )
-        )
+        step["activations"] = self._on_tpu_shapes(step, self._lookup(step))
         self.events.append(("dequeue", name, ()))
         self._count("dequeue")
         return step["activations"]
@@ -181,16 +225,16 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         """Plain SGD through the CPU lookup's own gradient."""
         tables = self._cpu.embedding_tables
         by_table = list(tables.items())
-        activations = tf.tpu.experimental.embedding.serving_embedding_lookup(
-            step["features"],
-            step["weights"],
-            {config: table for config, table in by_table},
-            self._feature_config,
-        )
+        activations = self._lookup(step, dict(by_table))
         table_grads = tf.gradients(
-            tf.nest.flatten(activations),
+            activations,
             [table for _, table in by_table],
-            grad_ys=tf.nest.flatten(gradients),
+            grad_ys=[
+                tf.reshape(gradient, tf.shape(activation))
+                for gradient, activation in zip(
+                    tf.nest.flatten(gradients), activations
+                )
+            ],
         )
         for (config, table), gradient in zip(by_table, table_grads):
             if gradient is None:

@@ -228,9 +228,33 @@ def test_dense_batch_by_one_ids_give_batch_by_dim(tpu):
         ),
         verbose=0,
     )
+    # TF's dequeue gives [batch, dim] for [batch, 1] ids (the stand-in uses
+    # TF's shape logic); the layer passes it through unchanged.
     assert out.shape == (3, 4)
     cpu = kte.TPUEmbeddingLayer([column])({"user": ids})["user_embedding"]
     assert cpu.shape == (3, 4)
+
+
+def test_dense_ids_of_a_sequence_feature_are_refused_at_trace_time(tpu):
+    # TF's engine would combine them into [batch, dim] (one id per example).
+    column = kte.embedding_column(
+        kte.sequence_categorical_column_with_identity("hist", 20),
+        4,
+        max_sequence_length=3,
+    )
+    with tpu.strategy.scope():
+        layer = kte.TPUEmbeddingLayer([column])
+        inputs = {"hist": keras.Input((1,), dtype="int64", name="hist")}
+        model = keras.Model(inputs, layer(inputs)["hist_embedding"])
+    data = kte.distribute_dataset(
+        tpu.strategy,
+        tf.data.Dataset.from_tensor_slices(
+            {"hist": tf.constant([[3], [5], [7]], tf.int64)}
+        ),
+        3,
+    )
+    with pytest.raises(ValueError, match="'hist_embedding' reaches the TPU"):
+        model.predict(data, verbose=0)
 
 
 def test_translation_is_the_engine_config(tpu):
