@@ -412,10 +412,21 @@ class SharedEngine:
         return scaled
 
     def _count_step(self) -> Tensor:
-        counts = [
-            member.layer().embedding_step.value.assign_add(1).read_value()
-            for member in self._members
-        ]
+        """Counts the step once on every member layer; returns a scalar.
+
+        A layer that also holds local (tensor-core) tables counts the step
+        in its own trap (`TPUEmbeddingLayer._apply_gradients`): counting it
+        here too would run its `learning_rate_fn`s twice as fast. Its step
+        is only read here, to keep the data dependency.
+        """
+        counts = []
+        for member in self._members:
+            layer = member.layer()
+            step = layer.embedding_step.value
+            if layer.local_table_specs:
+                counts.append(step.read_value())
+            else:
+                counts.append(step.assign_add(1).read_value())
         return tf.add_n([tf.cast(c, tf.float32) for c in counts])
 
     def _dequeue_with_trap(

@@ -467,3 +467,51 @@ def test_users_own_feature_configs_pass_through(tpu):
     assert engine._feature_config["their_feature"] is raw
     assert engine.pipeline_execution_with_tensor_core is True
     assert engine.events[0][2] == ("their_feature", "user_embedding")
+
+
+def test_a_layer_with_engine_and_local_tables_counts_one_step_per_step(tpu):
+    # learning_rate_fns read embedding_step; counted twice per step, every
+    # schedule would run twice as fast. This one trains for 4 steps.
+    on_engine = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20),
+        4,
+        learning_rate_fn=lambda step: tf.where(step < 4, 0.5, 0.0),
+    )
+    on_tensor_core = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 20),
+        4,
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=[None, 1],
+    )
+    with tpu.strategy.scope():
+        inputs = {
+            "user": keras.Input((1,), dtype="int64", name="user"),
+            "item": keras.Input((1,), dtype="int64", name="item"),
+        }
+        layer = kte.TPUEmbeddingLayer(
+            [on_engine, on_tensor_core], output="concat", name="embed"
+        )
+        model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
+        model.compile(optimizer="sgd", loss="mse")
+    assert [t.name for t in layer.local_table_specs] == ["item"]
+    assert layer.engine is not None
+    ids = np.arange(16, dtype=np.int64)[:, None] % 20
+    data = kte.distribute_dataset(
+        tpu.strategy,
+        tf.data.Dataset.from_tensor_slices(
+            ({"user": ids, "item": ids}, np.ones((16, 1), np.float32))
+        ),
+        8,
+    )
+    snapshots = []
+    for epoch in range(3):  # 2 steps per epoch
+        model.fit(data, epochs=1, verbose=0)
+        [engine] = tpu.built_objects
+        [table] = engine.embedding_tables.values()
+        snapshots.append(table.numpy())
+        assert int(layer.embedding_step.numpy()) == 2 * (epoch + 1)
+    moved = [
+        bool(np.abs(b - a).max() > 0) for a, b in zip(snapshots, snapshots[1:])
+    ]
+    # Steps 0-3 train (epochs 1 and 2), steps 4-5 do not (epoch 3).
+    assert moved == [True, False]
