@@ -1,11 +1,11 @@
 """The TPU embedding engine path: one mid-level object per TPU system.
 
 TensorFlow's mid-level API (`tf.tpu.experimental.embedding.TPUEmbedding` on
-V1 hardware, `TPUEmbeddingV2` on SparseCore) owns the embedding engine of a
-whole TPU system: building a second object fails with "TPU is already
-initialized for embeddings", and `enqueue` takes every feature of the object
-at once. So the embedding-core tables of every embedding layer built under
-one `TPUStrategy` are served by one `SharedEngine`:
+V1 hardware) owns the embedding engine of a whole TPU system: building a
+second object fails with "TPU is already initialized for embeddings", and
+`enqueue` takes every feature of the object at once. So the embedding-core
+tables of every embedding layer built under one `TPUStrategy` are served by
+one `SharedEngine`:
 
 - each layer `register`s at build; the engine merges the layers'
   `FeatureConfig`s (`tpu_conversion.to_tpu_feature_configs`) and checks at
@@ -16,6 +16,9 @@ one `TPUStrategy` are served by one `SharedEngine`:
 - the trap's backward pass scales each layer's gradients by its
   `gradient_multiplier_fn` and sends all of them with one `apply_gradients`
   under the same name, then counts the step on every layer.
+
+SparseCore (`TPUEmbeddingV2`, embedding_feature V2) is refused at build,
+with what works instead (`refuse_sparse_core` says why).
 
 `embedding_hardware` and `mid_level_class` are the only places where TPU
 hardware is consulted. The tests replace them with a recording stand-in
@@ -76,19 +79,51 @@ def current_hardware() -> EmbeddingHardware:
 
 
 def mid_level_class(hardware: EmbeddingHardware) -> type:
-    """The mid-level API class for the hardware."""
-    embedding = tf.tpu.experimental.embedding
+    """The mid-level API class for the hardware (V1 only, see below)."""
     if hardware is EmbeddingHardware.V1:
-        return embedding.TPUEmbedding
-    if hardware is EmbeddingHardware.V2:
-        if not hasattr(embedding, "TPUEmbeddingV2"):
-            raise RuntimeError(
-                "This TPU has SparseCore, but this TensorFlow has no "
-                "tf.tpu.experimental.embedding.TPUEmbeddingV2; upgrade "
-                "TensorFlow."
-            )
-        return embedding.TPUEmbeddingV2
-    raise ValueError(f"No TPU embedding engine on {hardware.value} hardware.")
+        return tf.tpu.experimental.embedding.TPUEmbedding  # type: ignore
+    raise ValueError(
+        f"No supported TPU embedding engine on {hardware.value} hardware."
+    )
+
+
+def refuse_sparse_core(
+    layer_name: str, columns: Sequence[AnyEmbeddingColumn]
+) -> None:
+    """Raises: SparseCore (`TPUEmbeddingV2`) is not driven by this package.
+
+    Reading TF 2.20/2.21 and keras-rs' TensorFlow `DistributedEmbedding`
+    (`_sparsecore_init`, which sets up `TPUEmbeddingV2` from its own
+    configs), a correct V2 path needs what this package does not do yet:
+
+    - every `FeatureConfig.output_shape` set from the per-replica batch
+      before the constructor, which stacks tables by sample count
+      (`tpu_embedding_v3.py`, `_stack_tables_with_same_table_dim_and_
+      optimizer`; without it: "Cannot iterate over a shape with unknown
+      rank"), and a `SparseCoreEmbeddingConfig`;
+    - `max_sequence_length` and clipping, which V2 does not apply, mapped
+      to errors;
+    - checkpoints keyed by stacked table and sharded over SparseCores
+      (keras-rs un-shards them in `_sparsecore_get_embedding_tables`),
+      un-stacked into our table names for the CPU model.
+
+    None of it can be checked without a SparseCore TPU, so the layer
+    refuses at build rather than train or checkpoint wrongly.
+    """
+    names = sorted(c.name for c in columns)
+    tables = sorted({c.table_name for c in columns})
+    raise RuntimeError(
+        f"Layer '{layer_name}' would put the columns {names} (tables "
+        f"{tables}) on the TPU embedding engine, but this TPU has SparseCore "
+        "(embedding_feature V2, e.g. TPU v5p, v6e), whose mid-level API "
+        "tf.tpu.experimental.embedding.TPUEmbeddingV2 keras_tpu_embed does "
+        "not support yet (its stacked, sharded tables would not restore "
+        "into the CPU model by table name). What works: give those columns "
+        "embedding_lookup_device='tpu_tensor_core' and tensor_core_shape="
+        "[None, ids_per_example] (dense lookups on the TensorCore, any "
+        "TPU), or train on a TPU whose embedding_feature is V1 (e.g. TPU "
+        "v3, v4) for the embedding engine."
+    )
 
 
 @dataclasses.dataclass
@@ -142,7 +177,7 @@ class SharedEngine:
 
     @property
     def mid_level(self) -> Any:
-        """The `TPUEmbedding` / `TPUEmbeddingV2` all members share."""
+        """The `TPUEmbedding` all members share."""
         return self._mid_level
 
     @property
@@ -165,6 +200,8 @@ class SharedEngine:
             ValueError: the layer cannot share the engine with the layers
                 already registered; the message says how to fix the model.
         """
+        if self.hardware is EmbeddingHardware.V2:
+            refuse_sparse_core(layer.name, columns)
         if self._step_count:
             raise RuntimeError(
                 f"{type(layer).__name__} '{layer.name}' is built after the "
@@ -448,17 +485,11 @@ class SharedEngine:
         that name exists (evaluate, predict).
         """
         mid_level = self._mid_level
-        preserved: list[Any] = []
-        if self.hardware is EmbeddingHardware.V1:
-            self._enqueue(features, weights, name)
+        self._enqueue(features, weights, name)
 
         @tf.custom_gradient
         def trap(*dummies: Tensor) -> Any:
-            if self.hardware is EmbeddingHardware.V1:
-                activations = mid_level.dequeue(name=name)
-            else:
-                activations, kept = mid_level(features, weights)
-                preserved.append(kept)
+            activations = mid_level.dequeue(name=name)
 
             def backward(*upstream: Tensor, variables: Any = None) -> Any:
                 flat_activations = tf.nest.flatten(activations)
@@ -469,12 +500,7 @@ class SharedEngine:
                 packed = self._scaled_gradients(
                     tf.nest.pack_sequence_as(self._feature_configs, gradients)
                 )
-                if self.hardware is EmbeddingHardware.V1:
-                    mid_level.apply_gradients(packed, name=name)
-                else:
-                    mid_level.apply_gradients(
-                        packed, preserved_outputs=preserved[0]
-                    )
+                mid_level.apply_gradients(packed, name=name)
                 # A data dependency, not only a control edge: see
                 # sparse_training.trap_gradients.
                 done = self._count_step() * 0.0

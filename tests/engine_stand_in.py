@@ -286,50 +286,13 @@ class StandInTPU:
         monkeypatch.setattr(
             engine_lib, "embedding_hardware", embedding_hardware
         )
-        stand_in = (
-            RecordingTPUEmbeddingV2
-            if self.hardware is engine_lib.EmbeddingHardware.V2
-            else RecordingTPUEmbedding
+        # The package builds TPUEmbedding on V1 only (SparseCore is refused
+        # before any mid-level object exists).
+        monkeypatch.setattr(
+            engine_lib, "mid_level_class", lambda _: RecordingTPUEmbedding
         )
-        monkeypatch.setattr(engine_lib, "mid_level_class", lambda _: stand_in)
         RecordingTPUEmbedding.instances = []
 
     @property
     def built_objects(self) -> list[RecordingTPUEmbedding]:
         return [o for o in RecordingTPUEmbedding.instances if o.built]
-
-
-class RecordingTPUEmbeddingV2(RecordingTPUEmbedding):
-    """Stands in for `TPUEmbeddingV2` (SparseCore): no names, one call.
-
-    SparseCore's API looks up with `__call__(features, weights)`, returning
-    the activations and a preserved state that `apply_gradients` must get
-    back in the same step.
-    """
-
-    def __init__(
-        self,
-        feature_config: Any,
-        optimizer: Any = None,
-        pipeline_execution_with_tensor_core: bool = False,
-        sparse_core_embedding_config: Any = None,
-    ) -> None:
-        super().__init__(
-            feature_config, optimizer, pipeline_execution_with_tensor_core
-        )
-
-    def enqueue(self, *args: Any, **kwargs: Any) -> None:
-        raise AssertionError("stand-in: TPUEmbeddingV2 has no enqueue")
-
-    def __call__(self, features: Any, weights: Any = None) -> Any:
-        self._calls = getattr(self, "_calls", 0) + 1
-        name = f"call_{self._calls}"
-        super().enqueue(features, weights, name=name)
-        return super().dequeue(name), name
-
-    def apply_gradients(
-        self, gradients: Any, preserved_outputs: Any = None
-    ) -> None:
-        if not isinstance(preserved_outputs, str):
-            raise AssertionError("stand-in: preserved_outputs not passed back")
-        super().apply_gradients(gradients, name=preserved_outputs)

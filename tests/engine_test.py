@@ -150,19 +150,69 @@ def test_fit_evaluate_predict_drive_one_engine(tpu):
         assert layer.local_table_specs == []
 
 
-def test_sparse_core_protocol_passes_preserved_outputs_back(monkeypatch):
+def test_sparse_core_is_refused_at_build_with_what_works(monkeypatch):
     tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.V2)
     with tpu.strategy.scope():
-        model = build_model()
-    data = kte.distribute_dataset(tpu.strategy, examples(), BATCH)
-    model.fit(data, epochs=1, verbose=0)
-    [engine] = tpu.built_objects
-    assert [event[0] for event in engine.events] == [
-        "enqueue",
-        "dequeue",
-        "apply_gradients",
-    ]
-    assert int(engine.runs["apply_gradients"]) == N // BATCH
+        with pytest.raises(RuntimeError) as raised:
+            build_model()
+    message = str(raised.value)
+    for needed in (
+        "SparseCore",
+        "TPUEmbeddingV2",
+        "v5p",
+        "['tags_weighted_by_tag_w_embedding', 'user_embedding']",
+        "embedding_lookup_device='tpu_tensor_core'",
+        "tensor_core_shape",
+        "V1",
+    ):
+        assert needed in message
+    assert tpu.built_objects == []
+
+
+def test_sparse_core_tensor_core_columns_still_train(monkeypatch):
+    # What the refusal recommends works on the same hardware.
+    tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.V2)
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20),
+        4,
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=[None, 1],
+    )
+    with tpu.strategy.scope():
+        model = _single_table_model(column, kte.EmbeddingConfig())
+    layer = model.get_layer("embed")
+    assert layer.engine is None
+    before = layer.table_variable("user").numpy()
+    model.fit(
+        kte.distribute_dataset(tpu.strategy, _user_examples(), 8),
+        epochs=1,
+        verbose=0,
+    )
+    assert np.abs(layer.table_variable("user").numpy() - before).max() > 0
+    assert tpu.built_objects == []
+
+
+def test_why_sparse_core_is_refused_tensorflows_own_v2_stacking():
+    """TF's TPUEmbeddingV2 constructor stacks tables by sample count, the
+    product of each FeatureConfig.output_shape (tpu_embedding_v3.py,
+    _stack_tables_with_same_table_dim_and_optimizer), which our configs
+    leave unset: TPUEmbeddingV2(...) would fail on a TPU with this error.
+    Run on CPU with TF's own function; a TPU run is still needed to build
+    V2 for real."""
+    from tensorflow.python.tpu import tpu_embedding_v3
+    from tensorflow.python.util import nest
+
+    columns, shared = _columns()
+    features = kte.to_tpu_feature_configs(columns + shared)
+    tables = list({id(f.table): f.table for f in features.values()}.values())
+    with pytest.raises(ValueError, match="unknown rank"):
+        tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(
+            tables,
+            nest.flatten_with_joined_string_paths(features),
+            8,  # replicas
+            4,  # SparseCores per chip
+            None,
+        )
 
 
 def test_tables_restore_across_tpu_and_cpu_both_ways(
