@@ -174,6 +174,8 @@ class SharedEngine:
             weakref.WeakKeyDictionary()
         )
         self._step_count = 0
+        # The per-replica batch TF fixes at the first enqueue.
+        self._batch_size: int | None = None
 
     @property
     def mid_level(self) -> Any:
@@ -372,6 +374,7 @@ class SharedEngine:
                 features[feature] = inputs[ids_key]
                 weights[feature] = inputs[weights_key] if weights_key else None
         self._check_enqueue_inputs(features)
+        self._check_batch_size(features)
         has_weights = any(w is not None for w in weights.values())
         flat = self._dequeue_with_trap(
             name,
@@ -406,6 +409,47 @@ class SharedEngine:
                     "dim]. Feed it as a tf.SparseTensor or tf.RaggedTensor "
                     "(kte.FeaturePreprocessor outputs sparse ids)."
                 )
+
+    def _check_batch_size(self, features: dict[str, Tensor]) -> None:
+        """One static per-replica batch size for the engine's lifetime.
+
+        TF's V1 engine sizes its outputs at the first enqueue and checks
+        every later enqueue against them (`tpu_embedding_v2.py`,
+        `TPUEmbedding.enqueue` -> `_check_output_shapes`: "Inconsistent
+        shape"); an unknown batch cannot build it ("not fully defined").
+        Both are said here first, with the fix.
+        """
+        sizes = {name: value.shape[0] for name, value in features.items()}
+        unknown = sorted(name for name, size in sizes.items() if size is None)
+        if unknown:
+            raise ValueError(
+                f"The features {unknown} reach the TPU embedding engine with "
+                "an unknown batch size. The engine needs a static batch: "
+                "feed the model with kte.distribute_dataset(strategy, "
+                "dataset, global_batch_size=...), which batches with "
+                "drop_remainder=True."
+            )
+        batches = sorted(set(sizes.values()))
+        if len(batches) > 1:
+            raise ValueError(
+                "The features of one step reach the TPU embedding engine "
+                f"with different batch sizes: {sizes}. Batch them together."
+            )
+        [batch] = batches
+        if self._batch_size is None:
+            self._batch_size = batch
+            return
+        if batch != self._batch_size:
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+            raise ValueError(
+                "The TPU embedding engine was built for a per-replica batch "
+                f"of {self._batch_size} (global {self._batch_size * replicas}"
+                f" over {replicas} replicas) by its first step, and this step "
+                f"feeds {batch}; TF fixes the batch at the first step "
+                "('Inconsistent shape'). Use the same global_batch_size in "
+                "kte.distribute_dataset for fit, evaluate and predict (the "
+                "last partial batch is dropped)."
+            )
 
     def _check_activation_shapes(self, activations: dict[str, Tensor]) -> None:
         """The engine's activations have the shapes the layers declare.

@@ -150,6 +150,24 @@ def test_fit_evaluate_predict_drive_one_engine(tpu):
         assert layer.local_table_specs == []
 
 
+def test_evaluate_with_another_batch_size_says_why_and_what_to_do(tpu):
+    with tpu.strategy.scope():
+        model = build_model()
+    model.fit(
+        kte.distribute_dataset(tpu.strategy, examples(), BATCH),
+        epochs=1,
+        verbose=0,
+    )
+    smaller = kte.distribute_dataset(tpu.strategy, examples(), BATCH // 2)
+    for run in (model.evaluate, model.predict):
+        with pytest.raises(
+            ValueError,
+            match=r"per-replica batch of 8 .* this step feeds 4\b.* same "
+            r"global_batch_size",
+        ):
+            run(smaller, verbose=0)
+
+
 def test_sparse_core_is_refused_at_build_with_what_works(monkeypatch):
     tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.V2)
     with tpu.strategy.scope():
