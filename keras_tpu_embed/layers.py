@@ -53,7 +53,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):
     when the layer is built under `TPUStrategy` on a TPU with an embedding
     engine, the engine itself (`engine.py`): every embedding layer of the
     model then shares one `tf.tpu.experimental.embedding.TPUEmbedding`
-    (`TPUEmbeddingV2` on SparseCore), which owns those tables and slots.
+    (SparseCore TPUs are refused at build), which owns those tables and
+    slots.
     Build and call the layer under the same strategy; the engine path is
     exercised on TPU hardware only (see `examples/tpu_smoke.py`).
 
@@ -151,6 +152,17 @@ class TPUEmbeddingLayer(keras.layers.Layer):
         self._serving = False
         self._serving_override: LookupDevice | None = None
         self._warned_extra_keys = False
+
+    @property
+    def input_dtype(self) -> str:
+        """Float inputs (weights) stay float32 under any dtype policy.
+
+        Keras casts float inputs to `input_dtype`, the compute dtype by
+        default: `mixed_bfloat16` would round the weights and, on the TPU
+        engine, compute them on the device instead of enqueueing them from
+        the host. Ids are integers and never cast.
+        """
+        return "float32"
 
     def _table_device(self, table: TableSpec, serving: bool) -> LookupDevice:
         """Where `table`'s lookups run now; its columns agree on it."""

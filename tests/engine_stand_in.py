@@ -128,6 +128,8 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                     "op, not a direct input of the step; TF cannot enqueue "
                     "it from the host."
                 )
+        if weights is not None:
+            _check_weights(weights)
         output_shapes = self._tensorflow_output_shapes(features)
         self.build()
         key = (id(_graph()), name)
@@ -247,6 +249,32 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                 gradient.dense_shape,
             )
             table.scatter_sub(update)
+
+
+def _check_weights(weights: Any) -> None:
+    """Weights reach the enqueue float32, straight from the input.
+
+    Our invariant, stricter than TF: TF's enqueue casts any float weight to
+    float32 (`TPUEmbedding._add_data_for_sparse_tensor`), so a weight
+    autocast to bfloat16 on the TPU under a mixed policy would be rounded
+    silently, and fetched back from the device to the host enqueue.
+    """
+    for path, component in nest.flatten_with_joined_string_paths(
+        weights, expand_composites=True
+    ):
+        if component is None or component.dtype != tf.float32:
+            continue
+        if component.op.type != "Placeholder":
+            raise ValueError(
+                f"stand-in: weight {path} is computed by a "
+                f"{component.op.type} op, not a direct input of the step."
+            )
+    for path, weight in nest.flatten_with_joined_string_paths(weights):
+        if weight is not None and weight.dtype != tf.float32:
+            raise ValueError(
+                f"stand-in: weight {path} is {weight.dtype.name}; the "
+                "engine's weights are float32."
+            )
 
 
 def _check_input_kind(path: str, value: Any) -> None:

@@ -168,6 +168,43 @@ def test_evaluate_with_another_batch_size_says_why_and_what_to_do(tpu):
             run(smaller, verbose=0)
 
 
+@pytest.fixture
+def mixed_bfloat16():
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    yield
+    keras.config.set_dtype_policy(policy)
+
+
+def test_mixed_precision_keeps_input_weights_float32(tpu, mixed_bfloat16):
+    # Keras autocasts float inputs to the compute dtype; the weights must
+    # reach the engine's enqueue float32 and unchanged (the stand-in refuses
+    # a bfloat16 or computed weight).
+    with tpu.strategy.scope():
+        model = build_model()
+    assert model.get_layer("embed").compute_dtype == "bfloat16"
+    data = kte.distribute_dataset(tpu.strategy, examples(), BATCH)
+    model.fit(data, epochs=1, verbose=0)
+    [engine] = tpu.built_objects
+    assert int(engine.runs["apply_gradients"]) == N // BATCH
+
+
+def test_mixed_precision_host_path_combines_float32_weights(mixed_bfloat16):
+    columns, _ = _columns()
+    layer = kte.TPUEmbeddingLayer(columns[1:])  # the weighted column
+    features, _ = next(iter(examples().batch(N)))
+    seen = []
+    original = layer._features
+
+    def record(inputs):
+        seen.append(inputs["tag_w"].dtype)
+        return original(inputs)
+
+    layer._features = record
+    layer({"tags": features["tags"], "tag_w": features["tag_w"]})
+    assert seen == [tf.float32]
+
+
 def test_sparse_core_is_refused_at_build_with_what_works(monkeypatch):
     tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.V2)
     with tpu.strategy.scope():
