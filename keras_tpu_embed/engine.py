@@ -151,6 +151,11 @@ _ENGINES: weakref.WeakKeyDictionary[Any, SharedEngine] = (
 )
 
 
+def registered_engine(strategy: Any) -> SharedEngine | None:
+    """The `SharedEngine` of `strategy`, if a layer registered with it."""
+    return _ENGINES.get(strategy)
+
+
 def engine_for(strategy: Any, hardware: EmbeddingHardware) -> SharedEngine:
     """The one `SharedEngine` of `strategy`'s TPU system."""
     engine = _ENGINES.get(strategy)
@@ -185,6 +190,15 @@ class SharedEngine:
     @property
     def layer_names(self) -> list[str]:
         return [member.name for member in self._members]
+
+    @property
+    def input_features(self) -> dict[str, str | None]:
+        """The input keys the engine enqueues: ids key -> its weights key."""
+        keys: dict[str, str | None] = {}
+        for member in self._members:
+            for ids_key, weights_key in member.features.values():
+                keys[ids_key] = weights_key
+        return keys
 
     # --------------------------------------------------------------- build
 

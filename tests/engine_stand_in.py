@@ -193,7 +193,9 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             )
         if "activations" in step:
             raise RuntimeError(f"stand-in: second dequeue named {name!r}")
-        step["activations"] = self._on_tpu_shapes(step, self._lookup(step))
+        with tf.control_dependencies(_non_negative(step["features"])):
+            flat = [tf.identity(a) for a in self._lookup(step)]
+        step["activations"] = self._on_tpu_shapes(step, flat)
         self.events.append(("dequeue", name, ()))
         self._count("dequeue")
         return step["activations"]
@@ -249,6 +251,26 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                 gradient.dense_shape,
             )
             table.scatter_sub(update)
+
+
+def _non_negative(features: Any) -> list[Any]:
+    """Run-time checks that no negative id reaches the engine.
+
+    The CPU lookup this stand-in uses skips negative ids; the engine has no
+    such rule (its enqueue passes every id on, `_add_data_for_*` in
+    `tpu_embedding_v2.py`), so the stand-in refuses them instead of
+    answering like the CPU.
+    """
+    checks = []
+    for path, value in nest.flatten_with_joined_string_paths(features):
+        ids = value.values if hasattr(value, "values") else value
+        checks.append(
+            tf.debugging.assert_non_negative(
+                ids,
+                message=f"stand-in: negative ids in {path} reached the engine",
+            )
+        )
+    return checks
 
 
 def _check_weights(weights: Any) -> None:

@@ -620,3 +620,90 @@ def test_a_layer_with_engine_and_local_tables_counts_one_step_per_step(tpu):
     ]
     # Steps 0-3 train (epochs 1 and 2), steps 4-5 do not (epoch 3).
     assert moved == [True, False]
+
+
+def _vocabulary_model():
+    """Out-of-vocabulary strings without OOV buckets: the preprocessor's -1."""
+    country = kte.embedding_column(
+        kte.weighted_categorical_column(
+            kte.categorical_column_with_vocabulary_list(
+                "country", ["us", "fr", "de"]
+            ),
+            "country_w",
+        ),
+        4,
+        combiner="sum",
+    )
+    pre = kte.FeaturePreprocessor([country])
+    inputs = pre.keras_inputs()
+    x = kte.TPUEmbeddingLayer(
+        [country],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.SGD(0.5)),
+        output="concat",
+        name="embed",
+    )(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(x))
+    model.compile(optimizer="sgd", loss="mse")
+    return pre, model
+
+
+def _country_examples():
+    countries = np.array(
+        [["us", "xx"], ["xx", "yy"], ["fr", "de"], ["zz", "fr"]] * 4
+    )
+    weights = np.linspace(0.5, 2.0, countries.size, dtype=np.float32)
+    features = {
+        "country": countries,
+        "country_w": weights.reshape(countries.shape),
+    }
+    return tf.data.Dataset.from_tensor_slices(
+        (features, np.ones((len(countries), 1), np.float32))
+    )
+
+
+def test_out_of_vocabulary_ids_are_dropped_before_the_engine(tpu, tmp_path):
+    with tpu.strategy.scope():
+        pre, tpu_model = _vocabulary_model()
+    data = kte.distribute_dataset(
+        tpu.strategy, _country_examples(), 8, preprocessor=pre
+    )
+    tpu_model.fit(data, epochs=2, verbose=0)  # no -1 reached the stand-in
+    on_tpu = tpu_model.predict(data, verbose=0)
+
+    # The same tables on the host path, which skips -1 itself.
+    path = tf.train.Checkpoint(
+        embedding=kte.engine_checkpoint(tpu_model)
+    ).write(str(tmp_path / "tables"))
+    _, cpu_model = _vocabulary_model()
+    tf.train.Checkpoint(embedding=kte.engine_checkpoint(cpu_model)).read(
+        path
+    ).assert_existing_objects_matched()
+    cpu_model.get_layer("head").set_weights(
+        tpu_model.get_layer("head").get_weights()
+    )
+    on_cpu = np.concatenate(
+        [
+            cpu_model.predict_on_batch(pre(x))
+            for x, _ in _country_examples().batch(8)
+        ]
+    )
+    np.testing.assert_allclose(on_tpu, on_cpu, atol=1e-6)
+
+
+def test_negative_dense_ids_for_the_engine_fail_on_the_host(tpu):
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20), 4
+    )
+    with tpu.strategy.scope():
+        model = _single_table_model(column, kte.EmbeddingConfig())
+    features = {"user": np.array([[1], [-1], [3], [4]], np.int64)}
+    data = kte.distribute_dataset(
+        tpu.strategy,
+        tf.data.Dataset.from_tensor_slices((features, np.ones((4, 1)))),
+        4,
+    )
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Feature .*user.* has negative ids, .* dense ids",
+    ):
+        model.fit(data, epochs=1, verbose=0)
