@@ -212,10 +212,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):
             ]
             if unshaped:
                 raise ValueError(
-                    f"This TPU has no embedding engine, so table "
-                    f"'{table.name}' must run on the tensor core, but the "
-                    f"columns {unshaped} have no tensor_core_shape. Give "
-                    "them tensor_core_shape=[None, ids_per_example]."
+                    f"This TPU has no embedding engine (e.g. TPU v5e), so "
+                    f"table '{table.name}' must run on the tensor core, but "
+                    f"the columns {unshaped} have no tensor_core_shape. Give "
+                    "them tensor_core_shape=[None, ids_per_example], with "
+                    "ids_per_example at least the largest number of ids of "
+                    "one example (kte.profile_lookups(dataset, columns) "
+                    "reports it as max_ids_per_example)."
                 )
             tf.get_logger().warning(
                 "keras_tpu_embed: this TPU has no embedding engine; table "
