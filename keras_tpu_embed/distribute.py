@@ -7,6 +7,15 @@ False)`, through `distribute_datasets_from_function` so that each host reads
 its own share (multi-host) and `model.fit` does not shard it again. Batches
 are cut per replica with `drop_remainder=True`: the TPU step needs static
 shapes. The batch size a user gives is always the global one.
+
+On a TPU with an embedding engine, negative ids are also dealt with here, on
+the host: the engine has no rule for them (the host lookups skip them), and
+nothing can be computed between the dataset and TF's enqueue, which only
+takes direct inputs of the step (`tpu_embedding_v2.py`,
+`TPUEmbedding._raise_error_for_non_direct_inputs`). Sparse and ragged ids
+lose their negative values (and the matching weights), as the host lookups
+skip them; dense engine ids have no padding to drop to, so a negative one is
+an error naming the feature.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 from typing import Callable
 
+from keras_tpu_embed import engine as engine_lib
 from keras_tpu_embed._compat import tf
 
 # A tf.data.Dataset, or a function of tf.distribute.InputContext to one.
@@ -71,14 +81,22 @@ def distribute_dataset(
             elements), typically a `kte.FeaturePreprocessor`, so that raw
             strings become ids inside the input pipeline.
 
+    On a TPU with an embedding engine, negative ids (the preprocessor's -1
+    for out-of-vocabulary values without OOV buckets) are dropped from
+    sparse and ragged features with their weights, and are an
+    `InvalidArgumentError` in dense features the engine reads. Build the
+    model under `strategy.scope()` first, so that the dense features of the
+    engine are known. A distributed dataset passed in is not changed.
+
     Returns:
         A `tf.distribute.DistributedDataset` for `model.fit`, `evaluate` and
         `predict`.
 
     Raises:
         ValueError: a distributed dataset that fetches to device, a batch
-            size that is not a positive multiple of the replica count, or a
-            missing batch size.
+            size that is not a positive multiple of the replica count, a
+            missing batch size, or (with an engine) sparse ids with negative
+            values whose weight feature cannot be told.
 
     Example:
 
@@ -117,14 +135,17 @@ def distribute_dataset(
             f"{type(dataset_or_fn).__name__}"
         )
 
+    clean_ids = _engine_id_filter(strategy, preprocessor)
+
     def dataset_fn(context: Any) -> Any:
         dataset = make_host_dataset(context)
         per_replica = context.get_per_replica_batch_size(global_batch_size)
         dataset = dataset.batch(per_replica, drop_remainder=True)
-        if preprocessor is not None:
-            dataset = dataset.map(
-                _on_features(preprocessor), num_parallel_calls=tf.data.AUTOTUNE
-            )
+        for step in (preprocessor, clean_ids):
+            if step is not None:
+                dataset = dataset.map(
+                    _on_features(step), num_parallel_calls=tf.data.AUTOTUNE
+                )
         return dataset.prefetch(tf.data.AUTOTUNE)
 
     return strategy.distribute_datasets_from_function(
@@ -151,3 +172,103 @@ def _on_features(preprocessor: Callable[[Any], Any]) -> Callable[..., Any]:
         return (preprocessor(element[0]),) + tuple(element[1:])
 
     return apply
+
+
+def _engine_id_filter(
+    strategy: Any, preprocessor: Any
+) -> Callable[[Any], Any] | None:
+    """The host-side clean-up of negative ids, on engine hardware only."""
+    if not engine_lib.embedding_hardware(strategy).has_engine:
+        return None
+    weight_of: dict[str, str | None] = {}
+    for column in getattr(preprocessor, "categorical_columns", None) or []:
+        weight_of[column.feature_key] = column.weight_feature_key or None
+    engine = engine_lib.registered_engine(strategy)
+    dense_engine_keys: set[str] = set()
+    if engine is not None:
+        weight_of.update(engine.input_features)
+        dense_engine_keys = set(engine.input_features)
+    known = engine is not None or bool(weight_of)
+
+    def clean(features: Any) -> Any:
+        if not isinstance(features, dict):
+            return features
+        return drop_negative_ids(
+            features, weight_of, dense_engine_keys, pairing_known=known
+        )
+
+    return clean
+
+
+def drop_negative_ids(
+    features: dict[str, Any],
+    weight_of: dict[str, str | None],
+    dense_keys: set[str],
+    pairing_known: bool = True,
+) -> dict[str, Any]:
+    """Drops negative sparse/ragged ids; checks dense ones. Host side.
+
+    Args:
+        features: A batch of features keyed by input key.
+        weight_of: Ids key -> the key of its weights (or None).
+        dense_keys: Dense features that must not hold negative ids.
+        pairing_known: Whether `weight_of` lists every weighted feature;
+            when not, float sparse/ragged features that no ids key claims
+            are an error, since their ids cannot be told.
+
+    Returns:
+        The features with negative ids (and their weights) removed.
+
+    Raises:
+        ValueError: unclaimed float sparse/ragged features, with
+            `pairing_known=False`.
+    """
+    weight_keys = {w for w in weight_of.values() if w}
+    if not pairing_known:
+        orphans = sorted(
+            key
+            for key, value in features.items()
+            if isinstance(value, (tf.SparseTensor, tf.RaggedTensor))
+            and value.dtype.is_floating
+            and key not in weight_keys
+        )
+        if orphans:
+            raise ValueError(
+                f"The features {orphans} look like weights, but "
+                "distribute_dataset cannot tell their ids, so it cannot drop "
+                "negative ids together with their weights before the TPU "
+                "embedding engine. Pass preprocessor=kte.FeaturePreprocessor"
+                "(columns), or build the model under strategy.scope() before "
+                "calling distribute_dataset."
+            )
+    cleaned = dict(features)
+    for key, value in features.items():
+        if key in weight_keys or not value.dtype.is_integer:
+            continue
+        weights_key = weight_of.get(key) or ""
+        weights = features.get(weights_key)
+        if isinstance(value, tf.SparseTensor):
+            keep = value.values >= 0
+            cleaned[key] = tf.sparse.retain(value, keep)
+            if weights is not None:
+                cleaned[weights_key] = tf.sparse.retain(weights, keep)
+        elif isinstance(value, tf.RaggedTensor):
+            keep = value >= 0
+            cleaned[key] = tf.ragged.boolean_mask(value, keep)
+            if weights is not None:
+                cleaned[weights_key] = tf.ragged.boolean_mask(weights, keep)
+        elif key in dense_keys:
+            check = tf.debugging.assert_non_negative(
+                value,
+                message=(
+                    f"Feature '{key}' has negative ids, which the TPU "
+                    "embedding engine cannot skip in dense ids (the host "
+                    "lookups treat -1 as padding). Feed it as a "
+                    "tf.SparseTensor or tf.RaggedTensor without the "
+                    "padding, or give its vocabulary column num_oov_buckets "
+                    "or default_value"
+                ),
+            )
+            with tf.control_dependencies([check]):
+                cleaned[key] = tf.identity(value)
+    return cleaned

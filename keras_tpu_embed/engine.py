@@ -1,11 +1,11 @@
 """The TPU embedding engine path: one mid-level object per TPU system.
 
 TensorFlow's mid-level API (`tf.tpu.experimental.embedding.TPUEmbedding` on
-V1 hardware, `TPUEmbeddingV2` on SparseCore) owns the embedding engine of a
-whole TPU system: building a second object fails with "TPU is already
-initialized for embeddings", and `enqueue` takes every feature of the object
-at once. So the embedding-core tables of every embedding layer built under
-one `TPUStrategy` are served by one `SharedEngine`:
+V1 hardware) owns the embedding engine of a whole TPU system: building a
+second object fails with "TPU is already initialized for embeddings", and
+`enqueue` takes every feature of the object at once. So the embedding-core
+tables of every embedding layer built under one `TPUStrategy` are served by
+one `SharedEngine`:
 
 - each layer `register`s at build; the engine merges the layers'
   `FeatureConfig`s (`tpu_conversion.to_tpu_feature_configs`) and checks at
@@ -16,6 +16,9 @@ one `TPUStrategy` are served by one `SharedEngine`:
 - the trap's backward pass scales each layer's gradients by its
   `gradient_multiplier_fn` and sends all of them with one `apply_gradients`
   under the same name, then counts the step on every layer.
+
+SparseCore (`TPUEmbeddingV2`, embedding_feature V2) is refused at build,
+with what works instead (`refuse_sparse_core` says why).
 
 `embedding_hardware` and `mid_level_class` are the only places where TPU
 hardware is consulted. The tests replace them with a recording stand-in
@@ -76,19 +79,51 @@ def current_hardware() -> EmbeddingHardware:
 
 
 def mid_level_class(hardware: EmbeddingHardware) -> type:
-    """The mid-level API class for the hardware."""
-    embedding = tf.tpu.experimental.embedding
+    """The mid-level API class for the hardware (V1 only, see below)."""
     if hardware is EmbeddingHardware.V1:
-        return embedding.TPUEmbedding
-    if hardware is EmbeddingHardware.V2:
-        if not hasattr(embedding, "TPUEmbeddingV2"):
-            raise RuntimeError(
-                "This TPU has SparseCore, but this TensorFlow has no "
-                "tf.tpu.experimental.embedding.TPUEmbeddingV2; upgrade "
-                "TensorFlow."
-            )
-        return embedding.TPUEmbeddingV2
-    raise ValueError(f"No TPU embedding engine on {hardware.value} hardware.")
+        return tf.tpu.experimental.embedding.TPUEmbedding  # type: ignore
+    raise ValueError(
+        f"No supported TPU embedding engine on {hardware.value} hardware."
+    )
+
+
+def refuse_sparse_core(
+    layer_name: str, columns: Sequence[AnyEmbeddingColumn]
+) -> None:
+    """Raises: SparseCore (`TPUEmbeddingV2`) is not driven by this package.
+
+    Reading TF 2.20/2.21 and keras-rs' TensorFlow `DistributedEmbedding`
+    (`_sparsecore_init`, which sets up `TPUEmbeddingV2` from its own
+    configs), a correct V2 path needs what this package does not do yet:
+
+    - every `FeatureConfig.output_shape` set from the per-replica batch
+      before the constructor, which stacks tables by sample count
+      (`tpu_embedding_v3.py`, `_stack_tables_with_same_table_dim_and_
+      optimizer`; without it: "Cannot iterate over a shape with unknown
+      rank"), and a `SparseCoreEmbeddingConfig`;
+    - `max_sequence_length` and clipping, which V2 does not apply, mapped
+      to errors;
+    - checkpoints keyed by stacked table and sharded over SparseCores
+      (keras-rs un-shards them in `_sparsecore_get_embedding_tables`),
+      un-stacked into our table names for the CPU model.
+
+    None of it can be checked without a SparseCore TPU, so the layer
+    refuses at build rather than train or checkpoint wrongly.
+    """
+    names = sorted(c.name for c in columns)
+    tables = sorted({c.table_name for c in columns})
+    raise RuntimeError(
+        f"Layer '{layer_name}' would put the columns {names} (tables "
+        f"{tables}) on the TPU embedding engine, but this TPU has SparseCore "
+        "(embedding_feature V2, e.g. TPU v5p, v6e), whose mid-level API "
+        "tf.tpu.experimental.embedding.TPUEmbeddingV2 keras_tpu_embed does "
+        "not support yet (its stacked, sharded tables would not restore "
+        "into the CPU model by table name). What works: give those columns "
+        "embedding_lookup_device='tpu_tensor_core' and tensor_core_shape="
+        "[None, ids_per_example] (dense lookups on the TensorCore, any "
+        "TPU), or train on a TPU whose embedding_feature is V1 (e.g. TPU "
+        "v3, v4) for the embedding engine."
+    )
 
 
 @dataclasses.dataclass
@@ -116,6 +151,11 @@ _ENGINES: weakref.WeakKeyDictionary[Any, SharedEngine] = (
 )
 
 
+def registered_engine(strategy: Any) -> SharedEngine | None:
+    """The `SharedEngine` of `strategy`, if a layer registered with it."""
+    return _ENGINES.get(strategy)
+
+
 def engine_for(strategy: Any, hardware: EmbeddingHardware) -> SharedEngine:
     """The one `SharedEngine` of `strategy`'s TPU system."""
     engine = _ENGINES.get(strategy)
@@ -139,15 +179,26 @@ class SharedEngine:
             weakref.WeakKeyDictionary()
         )
         self._step_count = 0
+        # The per-replica batch TF fixes at the first enqueue.
+        self._batch_size: int | None = None
 
     @property
     def mid_level(self) -> Any:
-        """The `TPUEmbedding` / `TPUEmbeddingV2` all members share."""
+        """The `TPUEmbedding` all members share."""
         return self._mid_level
 
     @property
     def layer_names(self) -> list[str]:
         return [member.name for member in self._members]
+
+    @property
+    def input_features(self) -> dict[str, str | None]:
+        """The input keys the engine enqueues: ids key -> its weights key."""
+        keys: dict[str, str | None] = {}
+        for member in self._members:
+            for ids_key, weights_key in member.features.values():
+                keys[ids_key] = weights_key
+        return keys
 
     # --------------------------------------------------------------- build
 
@@ -165,6 +216,8 @@ class SharedEngine:
             ValueError: the layer cannot share the engine with the layers
                 already registered; the message says how to fix the model.
         """
+        if self.hardware is EmbeddingHardware.V2:
+            refuse_sparse_core(layer.name, columns)
         if self._step_count:
             raise RuntimeError(
                 f"{type(layer).__name__} '{layer.name}' is built after the "
@@ -334,6 +387,8 @@ class SharedEngine:
                     )
                 features[feature] = inputs[ids_key]
                 weights[feature] = inputs[weights_key] if weights_key else None
+        self._check_enqueue_inputs(features)
+        self._check_batch_size(features)
         has_weights = any(w is not None for w in weights.values())
         flat = self._dequeue_with_trap(
             name,
@@ -343,17 +398,99 @@ class SharedEngine:
             [member.layer().gradient_trap.value for member in self._members],
         )
         activations = tf.nest.pack_sequence_as(self._feature_configs, flat)
-        for feature, value in features.items():
-            if _is_dense_column_of_ones(value) and not self._is_sequence(
-                feature
-            ):
-                # Dense `[batch, 1]` ids come back `[batch, 1, dim]` from the
-                # engine; every other path gives `[batch, dim]`.
-                activations[feature] = tf.squeeze(activations[feature], 1)
+        self._check_activation_shapes(activations)
         return _Step(name=name, activations=activations)
 
     def _is_sequence(self, feature: str) -> bool:
         return any(feature in member.sequence for member in self._members)
+
+    def _check_enqueue_inputs(self, features: dict[str, Tensor]) -> None:
+        """Refuses, at trace time, inputs the engine would answer wrongly.
+
+        TF's V1 engine reads a dense input as one id per example and sizes
+        the output from the input shape
+        (`TPUEmbedding._get_output_shapes_from_input_shapes`): a dense
+        sequence feature would come back combined, `[batch, dim]`, not
+        `[batch, max_sequence_length, dim]`.
+        """
+        for feature, value in features.items():
+            if isinstance(value, tf.Tensor) and self._is_sequence(feature):
+                raise ValueError(
+                    f"Sequence feature '{feature}' reaches the TPU embedding "
+                    f"engine as a dense tensor of shape {value.shape}. The "
+                    "engine reads dense ids as one id per example and would "
+                    "return [batch, dim], not [batch, max_sequence_length, "
+                    "dim]. Feed it as a tf.SparseTensor or tf.RaggedTensor "
+                    "(kte.FeaturePreprocessor outputs sparse ids)."
+                )
+
+    def _check_batch_size(self, features: dict[str, Tensor]) -> None:
+        """One static per-replica batch size for the engine's lifetime.
+
+        TF's V1 engine sizes its outputs at the first enqueue and checks
+        every later enqueue against them (`tpu_embedding_v2.py`,
+        `TPUEmbedding.enqueue` -> `_check_output_shapes`: "Inconsistent
+        shape"); an unknown batch cannot build it ("not fully defined").
+        Both are said here first, with the fix.
+        """
+        sizes = {name: value.shape[0] for name, value in features.items()}
+        unknown = sorted(name for name, size in sizes.items() if size is None)
+        if unknown:
+            raise ValueError(
+                f"The features {unknown} reach the TPU embedding engine with "
+                "an unknown batch size. The engine needs a static batch: "
+                "feed the model with kte.distribute_dataset(strategy, "
+                "dataset, global_batch_size=...), which batches with "
+                "drop_remainder=True."
+            )
+        batches = sorted(set(sizes.values()))
+        if len(batches) > 1:
+            raise ValueError(
+                "The features of one step reach the TPU embedding engine "
+                f"with different batch sizes: {sizes}. Batch them together."
+            )
+        [batch] = batches
+        if self._batch_size is None:
+            self._batch_size = batch
+            return
+        if batch != self._batch_size:
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+            raise ValueError(
+                "The TPU embedding engine was built for a per-replica batch "
+                f"of {self._batch_size} (global {self._batch_size * replicas}"
+                f" over {replicas} replicas) by its first step, and this step "
+                f"feeds {batch}; TF fixes the batch at the first step "
+                "('Inconsistent shape'). Use the same global_batch_size in "
+                "kte.distribute_dataset for fit, evaluate and predict (the "
+                "last partial batch is dropped)."
+            )
+
+    def _check_activation_shapes(self, activations: dict[str, Tensor]) -> None:
+        """The engine's activations have the shapes the layers declare.
+
+        TF's `TPUEmbedding.dequeue` returns `(*output_shape, dim)` with the
+        output shape read from the input (`tpu_embedding_v2.py`,
+        `_get_output_shapes_from_input_shapes`): `[batch, dim]` for dense
+        `[batch]` / `[batch, 1]` and for sparse or ragged ids,
+        `[batch, max_sequence_length, dim]` for sparse or ragged sequence
+        ids. Anything else (e.g. an `output_shape` in a user's
+        `FeatureConfig`) fails here, at trace time, not in a later layer.
+        """
+        for feature, value in activations.items():
+            config = self._feature_configs[feature]
+            tail = [config.table.dim]
+            if config.max_sequence_length > 0:
+                tail.insert(0, config.max_sequence_length)
+            shape = value.shape
+            if shape.rank != len(tail) + 1 or shape.as_list()[1:] != tail:
+                raise ValueError(
+                    f"The TPU embedding engine returned shape {shape} for "
+                    f"feature '{feature}'; the layer declares "
+                    f"[batch, {', '.join(map(str, tail))}]. Feed its ids as "
+                    "dense [batch] / [batch, 1] or as a rank-2 "
+                    "tf.SparseTensor / tf.RaggedTensor, and leave "
+                    "FeatureConfig.output_shape unset."
+                )
 
     def _scaled_gradients(self, gradients: dict[str, Any]) -> dict[str, Any]:
         """Applies each layer's gradient multiplier to its features."""
@@ -370,10 +507,21 @@ class SharedEngine:
         return scaled
 
     def _count_step(self) -> Tensor:
-        counts = [
-            member.layer().embedding_step.value.assign_add(1).read_value()
-            for member in self._members
-        ]
+        """Counts the step once on every member layer; returns a scalar.
+
+        A layer that also holds local (tensor-core) tables counts the step
+        in its own trap (`TPUEmbeddingLayer._apply_gradients`): counting it
+        here too would run its `learning_rate_fn`s twice as fast. Its step
+        is only read here, to keep the data dependency.
+        """
+        counts = []
+        for member in self._members:
+            layer = member.layer()
+            step = layer.embedding_step.value
+            if layer.local_table_specs:
+                counts.append(step.read_value())
+            else:
+                counts.append(step.assign_add(1).read_value())
         return tf.add_n([tf.cast(c, tf.float32) for c in counts])
 
     def _dequeue_with_trap(
@@ -395,17 +543,11 @@ class SharedEngine:
         that name exists (evaluate, predict).
         """
         mid_level = self._mid_level
-        preserved: list[Any] = []
-        if self.hardware is EmbeddingHardware.V1:
-            self._enqueue(features, weights, name)
+        self._enqueue(features, weights, name)
 
         @tf.custom_gradient
         def trap(*dummies: Tensor) -> Any:
-            if self.hardware is EmbeddingHardware.V1:
-                activations = mid_level.dequeue(name=name)
-            else:
-                activations, kept = mid_level(features, weights)
-                preserved.append(kept)
+            activations = mid_level.dequeue(name=name)
 
             def backward(*upstream: Tensor, variables: Any = None) -> Any:
                 flat_activations = tf.nest.flatten(activations)
@@ -416,12 +558,7 @@ class SharedEngine:
                 packed = self._scaled_gradients(
                     tf.nest.pack_sequence_as(self._feature_configs, gradients)
                 )
-                if self.hardware is EmbeddingHardware.V1:
-                    mid_level.apply_gradients(packed, name=name)
-                else:
-                    mid_level.apply_gradients(
-                        packed, preserved_outputs=preserved[0]
-                    )
+                mid_level.apply_gradients(packed, name=name)
                 # A data dependency, not only a control edge: see
                 # sparse_training.trap_gradients.
                 done = self._count_step() * 0.0
@@ -458,11 +595,3 @@ class SharedEngine:
                 "distribute the input with kte.distribute_dataset(strategy, "
                 "dataset, global_batch_size=...)."
             ) from error
-
-
-def _is_dense_column_of_ones(value: Any) -> bool:
-    return (
-        isinstance(value, tf.Tensor)
-        and value.shape.rank == 2
-        and value.shape[-1] == 1
-    )

@@ -57,7 +57,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     when the layer is built under `TPUStrategy` on a TPU with an embedding
     engine, the engine itself (`engine.py`): every embedding layer of the
     model then shares one `tf.tpu.experimental.embedding.TPUEmbedding`
-    (`TPUEmbeddingV2` on SparseCore), which owns those tables and slots.
+    (SparseCore TPUs are refused at build), which owns those tables and
+    slots.
     Build and call the layer under the same strategy; the engine path is
     exercised on TPU hardware only (see `examples/tpu_smoke.py`).
 
@@ -194,6 +195,17 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         finally:
             self._serving, self._serving_override = saved
 
+    @property
+    def input_dtype(self) -> str:
+        """Float inputs (weights) stay float32 under any dtype policy.
+
+        Keras casts float inputs to `input_dtype`, the compute dtype by
+        default: `mixed_bfloat16` would round the weights and, on the TPU
+        engine, compute them on the device instead of enqueueing them from
+        the host. Ids are integers and never cast.
+        """
+        return "float32"
+
     def _table_device(self, table: TableSpec, serving: bool) -> LookupDevice:
         """Where `table`'s lookups run now; its columns agree on it."""
         if not serving and table.name in self._training_devices:
@@ -242,10 +254,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             ]
             if unshaped:
                 raise ValueError(
-                    f"This TPU has no embedding engine, so table "
-                    f"'{table.name}' must run on the tensor core, but the "
-                    f"columns {unshaped} have no tensor_core_shape. Give "
-                    "them tensor_core_shape=[None, ids_per_example]."
+                    f"This TPU has no embedding engine (e.g. TPU v5e), so "
+                    f"table '{table.name}' must run on the tensor core, but "
+                    f"the columns {unshaped} have no tensor_core_shape. Give "
+                    "them tensor_core_shape=[None, ids_per_example], with "
+                    "ids_per_example at least the largest number of ids of "
+                    "one example (kte.profile_lookups(dataset, columns) "
+                    "reports it as max_ids_per_example)."
                 )
             tf.get_logger().warning(
                 "keras_tpu_embed: this TPU has no embedding engine; table "

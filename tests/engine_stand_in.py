@@ -16,7 +16,16 @@ enforces the invariants TensorFlow enforces on a TPU:
 - `apply_gradients` once per step with that name and the full gradient
   structure, each gradient shaped like its activation.
 
-Lookups use a real `TPUEmbedding` built on CPU (the variable layout the TPU
+Output shapes are TensorFlow's, never a rule of ours: each enqueue runs the
+shape logic of a real `TPUEmbedding` built on CPU (`tpu_embedding_v2.py`,
+`TPUEmbedding`: `_get_input_shapes`, then
+`_get_and_update_output_shapes_from_input` on the first enqueue as `build`
+does, and `_check_output_shapes` on every enqueue as `enqueue` does). So an
+activation is `(*output_shape, dim)` as `TPUEmbedding.dequeue` documents:
+`[batch, dim]` for dense `[batch, 1]` ids; a second batch size raises
+"Inconsistent shape" and an unknown one "not fully defined".
+
+Lookups use that CPU `TPUEmbedding` (the variable layout the TPU
 checkpoints too) and `tf.tpu.experimental.embedding.serving_embedding_lookup`;
 `apply_gradients` applies plain SGD at the table optimizer's learning rate,
 so that tests can see gradients arrive where they belong. Counters record
@@ -119,6 +128,9 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                     "op, not a direct input of the step; TF cannot enqueue "
                     "it from the host."
                 )
+        if weights is not None:
+            _check_weights(weights)
+        output_shapes = self._tensorflow_output_shapes(features)
         self.build()
         key = (id(_graph()), name)
         if key in self._steps:
@@ -127,9 +139,50 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             "features": features,
             "weights": weights,
             "training": training,
+            "output_shapes": output_shapes,
         }
         self.events.append(("enqueue", name, tuple(sorted(features))))
         self._count("enqueue")
+
+    def _tensorflow_output_shapes(self, features: Any) -> list[Any]:
+        """TF's per-replica output shapes for `features`, TF's errors too.
+
+        The enqueue runs inside the replica function, so the shapes are
+        per replica (`per_replica=True`, `in_tpu_context=True`).
+        """
+        cpu = self._cpu
+        input_shapes = cpu._get_input_shapes(
+            features, per_replica=True, in_tpu_context=True
+        )
+        if not self.built:
+            # What TPUEmbedding.build does on a TPU (the CPU object skips it).
+            cpu._get_and_update_output_shapes_from_input(input_shapes)
+        cpu._check_output_shapes(
+            cpu._get_output_shapes_from_input_shapes(input_shapes)
+        )
+        return list(cpu._output_shapes)
+
+    def _lookup(self, step: dict[str, Any], tables: Any = None) -> list[Any]:
+        """The CPU lookup, flat, in the serving lookup's own shapes."""
+        return tf.nest.flatten(
+            tf.tpu.experimental.embedding.serving_embedding_lookup(
+                step["features"],
+                step["weights"],
+                tables or self._cpu.embedding_tables,
+                self._feature_config,
+            )
+        )
+
+    def _on_tpu_shapes(self, step: dict[str, Any], flat: list[Any]) -> Any:
+        """The CPU lookup reshaped to TF's `(*output_shape, dim)`."""
+        shaped = []
+        for value, shape, feature in zip(
+            flat, step["output_shapes"], tf.nest.flatten(self._feature_config)
+        ):
+            shaped.append(
+                tf.reshape(value, shape.as_list() + [feature.table.dim])
+            )
+        return tf.nest.pack_sequence_as(self._feature_config, shaped)
 
     def dequeue(self, name: str | None = None) -> Any:
         step = self._steps.get((id(_graph()), name))
@@ -140,14 +193,9 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
             )
         if "activations" in step:
             raise RuntimeError(f"stand-in: second dequeue named {name!r}")
-        step["activations"] = (
-            tf.tpu.experimental.embedding.serving_embedding_lookup(
-                step["features"],
-                step["weights"],
-                self._cpu.embedding_tables,
-                self._feature_config,
-            )
-        )
+        with tf.control_dependencies(_non_negative(step["features"])):
+            flat = [tf.identity(a) for a in self._lookup(step)]
+        step["activations"] = self._on_tpu_shapes(step, flat)
         self.events.append(("dequeue", name, ()))
         self._count("dequeue")
         return step["activations"]
@@ -181,16 +229,16 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         """Plain SGD through the CPU lookup's own gradient."""
         tables = self._cpu.embedding_tables
         by_table = list(tables.items())
-        activations = tf.tpu.experimental.embedding.serving_embedding_lookup(
-            step["features"],
-            step["weights"],
-            {config: table for config, table in by_table},
-            self._feature_config,
-        )
+        activations = self._lookup(step, dict(by_table))
         table_grads = tf.gradients(
-            tf.nest.flatten(activations),
+            activations,
             [table for _, table in by_table],
-            grad_ys=tf.nest.flatten(gradients),
+            grad_ys=[
+                tf.reshape(gradient, tf.shape(activation))
+                for gradient, activation in zip(
+                    tf.nest.flatten(gradients), activations
+                )
+            ],
         )
         for (config, table), gradient in zip(by_table, table_grads):
             if gradient is None:
@@ -203,6 +251,52 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
                 gradient.dense_shape,
             )
             table.scatter_sub(update)
+
+
+def _non_negative(features: Any) -> list[Any]:
+    """Run-time checks that no negative id reaches the engine.
+
+    The CPU lookup this stand-in uses skips negative ids; the engine has no
+    such rule (its enqueue passes every id on, `_add_data_for_*` in
+    `tpu_embedding_v2.py`), so the stand-in refuses them instead of
+    answering like the CPU.
+    """
+    checks = []
+    for path, value in nest.flatten_with_joined_string_paths(features):
+        ids = value.values if hasattr(value, "values") else value
+        checks.append(
+            tf.debugging.assert_non_negative(
+                ids,
+                message=f"stand-in: negative ids in {path} reached the engine",
+            )
+        )
+    return checks
+
+
+def _check_weights(weights: Any) -> None:
+    """Weights reach the enqueue float32, straight from the input.
+
+    Our invariant, stricter than TF: TF's enqueue casts any float weight to
+    float32 (`TPUEmbedding._add_data_for_sparse_tensor`), so a weight
+    autocast to bfloat16 on the TPU under a mixed policy would be rounded
+    silently, and fetched back from the device to the host enqueue.
+    """
+    for path, component in nest.flatten_with_joined_string_paths(
+        weights, expand_composites=True
+    ):
+        if component is None or component.dtype != tf.float32:
+            continue
+        if component.op.type != "Placeholder":
+            raise ValueError(
+                f"stand-in: weight {path} is computed by a "
+                f"{component.op.type} op, not a direct input of the step."
+            )
+    for path, weight in nest.flatten_with_joined_string_paths(weights):
+        if weight is not None and weight.dtype != tf.float32:
+            raise ValueError(
+                f"stand-in: weight {path} is {weight.dtype.name}; the "
+                "engine's weights are float32."
+            )
 
 
 def _check_input_kind(path: str, value: Any) -> None:
@@ -242,50 +336,13 @@ class StandInTPU:
         monkeypatch.setattr(
             engine_lib, "embedding_hardware", embedding_hardware
         )
-        stand_in = (
-            RecordingTPUEmbeddingV2
-            if self.hardware is engine_lib.EmbeddingHardware.V2
-            else RecordingTPUEmbedding
+        # The package builds TPUEmbedding on V1 only (SparseCore is refused
+        # before any mid-level object exists).
+        monkeypatch.setattr(
+            engine_lib, "mid_level_class", lambda _: RecordingTPUEmbedding
         )
-        monkeypatch.setattr(engine_lib, "mid_level_class", lambda _: stand_in)
         RecordingTPUEmbedding.instances = []
 
     @property
     def built_objects(self) -> list[RecordingTPUEmbedding]:
         return [o for o in RecordingTPUEmbedding.instances if o.built]
-
-
-class RecordingTPUEmbeddingV2(RecordingTPUEmbedding):
-    """Stands in for `TPUEmbeddingV2` (SparseCore): no names, one call.
-
-    SparseCore's API looks up with `__call__(features, weights)`, returning
-    the activations and a preserved state that `apply_gradients` must get
-    back in the same step.
-    """
-
-    def __init__(
-        self,
-        feature_config: Any,
-        optimizer: Any = None,
-        pipeline_execution_with_tensor_core: bool = False,
-        sparse_core_embedding_config: Any = None,
-    ) -> None:
-        super().__init__(
-            feature_config, optimizer, pipeline_execution_with_tensor_core
-        )
-
-    def enqueue(self, *args: Any, **kwargs: Any) -> None:
-        raise AssertionError("stand-in: TPUEmbeddingV2 has no enqueue")
-
-    def __call__(self, features: Any, weights: Any = None) -> Any:
-        self._calls = getattr(self, "_calls", 0) + 1
-        name = f"call_{self._calls}"
-        super().enqueue(features, weights, name=name)
-        return super().dequeue(name), name
-
-    def apply_gradients(
-        self, gradients: Any, preserved_outputs: Any = None
-    ) -> None:
-        if not isinstance(preserved_outputs, str):
-            raise AssertionError("stand-in: preserved_outputs not passed back")
-        super().apply_gradients(gradients, name=preserved_outputs)

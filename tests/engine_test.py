@@ -150,19 +150,124 @@ def test_fit_evaluate_predict_drive_one_engine(tpu):
         assert layer.local_table_specs == []
 
 
-def test_sparse_core_protocol_passes_preserved_outputs_back(monkeypatch):
-    tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.V2)
+def test_evaluate_with_another_batch_size_says_why_and_what_to_do(tpu):
     with tpu.strategy.scope():
         model = build_model()
+    model.fit(
+        kte.distribute_dataset(tpu.strategy, examples(), BATCH),
+        epochs=1,
+        verbose=0,
+    )
+    smaller = kte.distribute_dataset(tpu.strategy, examples(), BATCH // 2)
+    for run in (model.evaluate, model.predict):
+        with pytest.raises(
+            ValueError,
+            match=r"per-replica batch of 8 .* this step feeds 4\b.* same "
+            r"global_batch_size",
+        ):
+            run(smaller, verbose=0)
+
+
+@pytest.fixture
+def mixed_bfloat16():
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    yield
+    keras.config.set_dtype_policy(policy)
+
+
+def test_mixed_precision_keeps_input_weights_float32(tpu, mixed_bfloat16):
+    # Keras autocasts float inputs to the compute dtype; the weights must
+    # reach the engine's enqueue float32 and unchanged (the stand-in refuses
+    # a bfloat16 or computed weight).
+    with tpu.strategy.scope():
+        model = build_model()
+    assert model.get_layer("embed").compute_dtype == "bfloat16"
     data = kte.distribute_dataset(tpu.strategy, examples(), BATCH)
     model.fit(data, epochs=1, verbose=0)
     [engine] = tpu.built_objects
-    assert [event[0] for event in engine.events] == [
-        "enqueue",
-        "dequeue",
-        "apply_gradients",
-    ]
     assert int(engine.runs["apply_gradients"]) == N // BATCH
+
+
+def test_mixed_precision_host_path_combines_float32_weights(mixed_bfloat16):
+    columns, _ = _columns()
+    layer = kte.TPUEmbeddingLayer(columns[1:])  # the weighted column
+    features, _ = next(iter(examples().batch(N)))
+    seen = []
+    original = layer._features
+
+    def record(inputs):
+        seen.append(inputs["tag_w"].dtype)
+        return original(inputs)
+
+    layer._features = record
+    layer({"tags": features["tags"], "tag_w": features["tag_w"]})
+    assert seen == [tf.float32]
+
+
+def test_sparse_core_is_refused_at_build_with_what_works(monkeypatch):
+    tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.V2)
+    with tpu.strategy.scope():
+        with pytest.raises(RuntimeError) as raised:
+            build_model()
+    message = str(raised.value)
+    for needed in (
+        "SparseCore",
+        "TPUEmbeddingV2",
+        "v5p",
+        "['tags_weighted_by_tag_w_embedding', 'user_embedding']",
+        "embedding_lookup_device='tpu_tensor_core'",
+        "tensor_core_shape",
+        "V1",
+    ):
+        assert needed in message
+    assert tpu.built_objects == []
+
+
+def test_sparse_core_tensor_core_columns_still_train(monkeypatch):
+    # What the refusal recommends works on the same hardware.
+    tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.V2)
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20),
+        4,
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=[None, 1],
+    )
+    with tpu.strategy.scope():
+        model = _single_table_model(column, kte.EmbeddingConfig())
+    layer = model.get_layer("embed")
+    assert layer.engine is None
+    before = layer.table_variable("user").numpy()
+    model.fit(
+        kte.distribute_dataset(tpu.strategy, _user_examples(), 8),
+        epochs=1,
+        verbose=0,
+    )
+    assert np.abs(layer.table_variable("user").numpy() - before).max() > 0
+    assert tpu.built_objects == []
+
+
+def test_why_sparse_core_is_refused_tensorflows_own_v2_stacking():
+    """TF's TPUEmbeddingV2 constructor stacks tables by sample count, the
+    product of each FeatureConfig.output_shape (tpu_embedding_v3.py,
+    _stack_tables_with_same_table_dim_and_optimizer), which our configs
+    leave unset: TPUEmbeddingV2(...) would fail on a TPU with this error.
+    Run on CPU with TF's own function; a TPU run is still needed to build
+    V2 for real."""
+    from tensorflow.python.tpu import tpu_embedding_v3
+    from tensorflow.python.util import nest
+
+    columns, shared = _columns()
+    features = kte.to_tpu_feature_configs(columns + shared)
+    tables = list({id(f.table): f.table for f in features.values()}.values())
+    with pytest.raises(ValueError, match="unknown rank"):
+        tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(
+            tables,
+            nest.flatten_with_joined_string_paths(features),
+            8,  # replicas
+            4,  # SparseCores per chip
+            None,
+        )
 
 
 def test_tables_restore_across_tpu_and_cpu_both_ways(
@@ -228,9 +333,33 @@ def test_dense_batch_by_one_ids_give_batch_by_dim(tpu):
         ),
         verbose=0,
     )
+    # TF's dequeue gives [batch, dim] for [batch, 1] ids (the stand-in uses
+    # TF's shape logic); the layer passes it through unchanged.
     assert out.shape == (3, 4)
     cpu = kte.TPUEmbeddingLayer([column])({"user": ids})["user_embedding"]
     assert cpu.shape == (3, 4)
+
+
+def test_dense_ids_of_a_sequence_feature_are_refused_at_trace_time(tpu):
+    # TF's engine would combine them into [batch, dim] (one id per example).
+    column = kte.embedding_column(
+        kte.sequence_categorical_column_with_identity("hist", 20),
+        4,
+        max_sequence_length=3,
+    )
+    with tpu.strategy.scope():
+        layer = kte.TPUEmbeddingLayer([column])
+        inputs = {"hist": keras.Input((1,), dtype="int64", name="hist")}
+        model = keras.Model(inputs, layer(inputs)["hist_embedding"])
+    data = kte.distribute_dataset(
+        tpu.strategy,
+        tf.data.Dataset.from_tensor_slices(
+            {"hist": tf.constant([[3], [5], [7]], tf.int64)}
+        ),
+        3,
+    )
+    with pytest.raises(ValueError, match="'hist_embedding' reaches the TPU"):
+        model.predict(data, verbose=0)
 
 
 def test_translation_is_the_engine_config(tpu):
@@ -443,3 +572,138 @@ def test_users_own_feature_configs_pass_through(tpu):
     assert engine._feature_config["their_feature"] is raw
     assert engine.pipeline_execution_with_tensor_core is True
     assert engine.events[0][2] == ("their_feature", "user_embedding")
+
+
+def test_a_layer_with_engine_and_local_tables_counts_one_step_per_step(tpu):
+    # learning_rate_fns read embedding_step; counted twice per step, every
+    # schedule would run twice as fast. This one trains for 4 steps.
+    on_engine = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20),
+        4,
+        learning_rate_fn=lambda step: tf.where(step < 4, 0.5, 0.0),
+    )
+    on_tensor_core = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 20),
+        4,
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=[None, 1],
+    )
+    with tpu.strategy.scope():
+        inputs = {
+            "user": keras.Input((1,), dtype="int64", name="user"),
+            "item": keras.Input((1,), dtype="int64", name="item"),
+        }
+        layer = kte.TPUEmbeddingLayer(
+            [on_engine, on_tensor_core], output="concat", name="embed"
+        )
+        model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
+        model.compile(optimizer="sgd", loss="mse")
+    assert [t.name for t in layer.local_table_specs] == ["item"]
+    assert layer.engine is not None
+    ids = np.arange(16, dtype=np.int64)[:, None] % 20
+    data = kte.distribute_dataset(
+        tpu.strategy,
+        tf.data.Dataset.from_tensor_slices(
+            ({"user": ids, "item": ids}, np.ones((16, 1), np.float32))
+        ),
+        8,
+    )
+    snapshots = []
+    for epoch in range(3):  # 2 steps per epoch
+        model.fit(data, epochs=1, verbose=0)
+        [engine] = tpu.built_objects
+        [table] = engine.embedding_tables.values()
+        snapshots.append(table.numpy())
+        assert int(layer.embedding_step.numpy()) == 2 * (epoch + 1)
+    moved = [
+        bool(np.abs(b - a).max() > 0) for a, b in zip(snapshots, snapshots[1:])
+    ]
+    # Steps 0-3 train (epochs 1 and 2), steps 4-5 do not (epoch 3).
+    assert moved == [True, False]
+
+
+def _vocabulary_model():
+    """Out-of-vocabulary strings without OOV buckets: the preprocessor's -1."""
+    country = kte.embedding_column(
+        kte.weighted_categorical_column(
+            kte.categorical_column_with_vocabulary_list(
+                "country", ["us", "fr", "de"]
+            ),
+            "country_w",
+        ),
+        4,
+        combiner="sum",
+    )
+    pre = kte.FeaturePreprocessor([country])
+    inputs = pre.keras_inputs()
+    x = kte.TPUEmbeddingLayer(
+        [country],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.SGD(0.5)),
+        output="concat",
+        name="embed",
+    )(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(x))
+    model.compile(optimizer="sgd", loss="mse")
+    return pre, model
+
+
+def _country_examples():
+    countries = np.array(
+        [["us", "xx"], ["xx", "yy"], ["fr", "de"], ["zz", "fr"]] * 4
+    )
+    weights = np.linspace(0.5, 2.0, countries.size, dtype=np.float32)
+    features = {
+        "country": countries,
+        "country_w": weights.reshape(countries.shape),
+    }
+    return tf.data.Dataset.from_tensor_slices(
+        (features, np.ones((len(countries), 1), np.float32))
+    )
+
+
+def test_out_of_vocabulary_ids_are_dropped_before_the_engine(tpu, tmp_path):
+    with tpu.strategy.scope():
+        pre, tpu_model = _vocabulary_model()
+    data = kte.distribute_dataset(
+        tpu.strategy, _country_examples(), 8, preprocessor=pre
+    )
+    tpu_model.fit(data, epochs=2, verbose=0)  # no -1 reached the stand-in
+    on_tpu = tpu_model.predict(data, verbose=0)
+
+    # The same tables on the host path, which skips -1 itself.
+    path = tf.train.Checkpoint(
+        embedding=kte.engine_checkpoint(tpu_model)
+    ).write(str(tmp_path / "tables"))
+    _, cpu_model = _vocabulary_model()
+    tf.train.Checkpoint(embedding=kte.engine_checkpoint(cpu_model)).read(
+        path
+    ).assert_existing_objects_matched()
+    cpu_model.get_layer("head").set_weights(
+        tpu_model.get_layer("head").get_weights()
+    )
+    on_cpu = np.concatenate(
+        [
+            cpu_model.predict_on_batch(pre(x))
+            for x, _ in _country_examples().batch(8)
+        ]
+    )
+    np.testing.assert_allclose(on_tpu, on_cpu, atol=1e-6)
+
+
+def test_negative_dense_ids_for_the_engine_fail_on_the_host(tpu):
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20), 4
+    )
+    with tpu.strategy.scope():
+        model = _single_table_model(column, kte.EmbeddingConfig())
+    features = {"user": np.array([[1], [-1], [3], [4]], np.int64)}
+    data = kte.distribute_dataset(
+        tpu.strategy,
+        tf.data.Dataset.from_tensor_slices((features, np.ones((4, 1)))),
+        4,
+    )
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Feature .*user.* has negative ids, .* dense ids",
+    ):
+        model.fit(data, epochs=1, verbose=0)

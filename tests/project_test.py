@@ -61,3 +61,16 @@ def test_user_facing_text_cites_no_internal_document():
             if re.search(r"DESIGN|§|the issue's|\(issue \d+\)", line):
                 cited.append(f"{path.relative_to(ROOT)}:{number}: {line}")
     assert not cited, "\n".join(cited)
+
+
+def test_ci_runs_the_suite_on_both_supported_tensorflow_versions():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    test_command = re.match(r"```bash\n(.*?)\n```", readme, re.S).group(1)
+    # Step 1: the README command, which installs the newest allowed (2.21).
+    assert "'.[cpu,dev]'" in test_command.splitlines()[1]
+    assert "'tf-keras~=2.21.0'" in test_command.splitlines()[1]
+    # Step 2: TensorFlow 2.20 in a second virtualenv, then the same suite.
+    assert "'tensorflow-cpu==2.20.*'" in ci
+    assert "'tf-keras~=2.20.0'" in ci
+    assert ".venv220/bin/python -m pytest -q" in ci
