@@ -55,7 +55,7 @@ import numpy as np
 
 import keras_tpu_embed as kte
 from keras_tpu_embed import demo
-from keras_tpu_embed import engine
+from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 
@@ -201,7 +201,9 @@ def environment(strategy: Any = None) -> dict[str, Any]:
         report["embedding_feature"] = (
             str(hardware.embedding_feature) if hardware is not None else None
         )
-        report["embedding_hardware"] = engine.embedding_hardware(strategy).value
+        report["embedding_hardware"] = tpu_hardware.embedding_hardware(
+            strategy
+        ).value
     return report
 
 
@@ -350,7 +352,7 @@ def _stages(
     tolerance: float,
     report: Report,
 ) -> None:
-    hardware = engine.embedding_hardware(strategy)
+    hardware = tpu_hardware.embedding_hardware(strategy)
     features, labels = demo.make_click_log(num_examples)
     split = num_examples - max(global_batch_size * 2, num_examples // 5)
     train_raw = ({k: v[:split] for k, v in features.items()}, labels[:split])
@@ -377,7 +379,7 @@ def _stages(
 
     with report.stage("build") as details:
         details["embedding_hardware"] = hardware.value
-        if hardware is engine.EmbeddingHardware.NONE:
+        if hardware is tpu_hardware.EmbeddingHardware.NONE:
             raise Skip(
                 f"no TPU: the strategy is {type(strategy).__name__}, not "
                 "TPUStrategy; run on a TPU VM with --tpu local"
@@ -387,10 +389,10 @@ def _stages(
                 model = build_model(preprocessor, own, shared, True)
         except (RuntimeError, ValueError) as error:
             refused = (
-                hardware is engine.EmbeddingHardware.V2
+                hardware is tpu_hardware.EmbeddingHardware.V2
                 and "SparseCore" in str(error)
             ) or (
-                hardware is engine.EmbeddingHardware.NO_ENGINE
+                hardware is tpu_hardware.EmbeddingHardware.NO_ENGINE
                 and "has no embedding engine" in str(error)
             )
             if refused:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
+
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.tpu_hardware import EmbeddingHardware
 
 
 class LookupDevice(str, enum.Enum):
@@ -110,3 +114,47 @@ def resolve_lookup_device(
             )
         return LookupDevice.TPU_EMBEDDING_CORE
     return LookupDevice.CPU
+
+
+def training_device(table: Any, hardware: EmbeddingHardware) -> LookupDevice:
+    """Where a table's lookups run in training, on `hardware`.
+
+    `table` has `name` and `columns` (a `tables.TableSpec`); its columns
+    agree on their device. On a TPU without an embedding engine (TPU v5e),
+    the dense tensor-core lookup is the one that runs inside the TPU step,
+    so embedding-core tables fall back to it, with a log line.
+
+    Raises:
+        ValueError: the device is not valid for training there, or a table
+            must fall back to the tensor core but a column has no width.
+    """
+    first = table.columns[0]
+    device = resolve_lookup_device(
+        first.lookup_device,
+        column=first.name,
+        serving=False,
+        engine=hardware is not EmbeddingHardware.NONE,
+    )
+    if device is not LookupDevice.TPU_EMBEDDING_CORE or hardware.has_engine:
+        return device
+    unshaped = [
+        c.name
+        for c in table.columns
+        if not c.is_sequence and c.tensor_core_shape is None
+    ]
+    if unshaped:
+        raise ValueError(
+            f"This TPU has no embedding engine (e.g. TPU v5e), so "
+            f"table '{table.name}' must run on the tensor core, but "
+            f"the columns {unshaped} have no tensor_core_shape. Give "
+            "them tensor_core_shape=[None, ids_per_example], with "
+            "ids_per_example at least the largest number of ids of "
+            "one example (kte.profile_lookups(dataset, columns) "
+            "reports it as max_ids_per_example)."
+        )
+    tf.get_logger().warning(
+        "keras_tpu_embed: this TPU has no embedding engine; table "
+        "'%s' falls back to the tensor-core lookup.",
+        table.name,
+    )
+    return LookupDevice.TPU_TENSOR_CORE

@@ -23,8 +23,9 @@ from __future__ import annotations
 from typing import Any
 from typing import Callable
 
-from keras_tpu_embed import engine as engine_lib
+from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.lookup import registry
 
 # A tf.data.Dataset, or a function of tf.distribute.InputContext to one.
 DatasetOrFn = Any
@@ -178,12 +179,12 @@ def _engine_id_filter(
     strategy: Any, preprocessor: Any
 ) -> Callable[[Any], Any] | None:
     """The host-side clean-up of negative ids, on engine hardware only."""
-    if not engine_lib.embedding_hardware(strategy).has_engine:
+    if not tpu_hardware.embedding_hardware(strategy).has_engine:
         return None
     weight_of: dict[str, str | None] = {}
     for column in getattr(preprocessor, "categorical_columns", None) or []:
         weight_of[column.feature_key] = column.weight_feature_key or None
-    engine = engine_lib.registered_engine(strategy)
+    engine = registry.registered_engine(strategy)
     dense_engine_keys: set[str] = set()
     if engine is not None:
         weight_of.update(engine.input_features)

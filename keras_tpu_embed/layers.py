@@ -13,7 +13,7 @@ from typing import Any
 from typing import Iterator
 from typing import Sequence
 
-from keras_tpu_embed import engine as engine_lib
+from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import tf
@@ -29,8 +29,10 @@ from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.devices import resolve_lookup_device
+from keras_tpu_embed.devices import training_device
+from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.lookup.backend import Phase
-from keras_tpu_embed.lookup.local_tables import LocalTables
+from keras_tpu_embed.lookup.backend import TableBackend
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.tables import TableSpec
 from keras_tpu_embed.tables import group_into_tables
@@ -152,9 +154,12 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         self.table_specs = group_into_tables(self.columns)
         # Decided at build, from the strategy in scope.
         self._training_devices: dict[str, LookupDevice] = {}
-        self._built_hardware = engine_lib.EmbeddingHardware.NONE
-        self._engine: engine_lib.SharedEngine | None = None
-        self._local = LocalTables([], self.config, self.return_sequence_lengths)
+        self._built_hardware = tpu_hardware.EmbeddingHardware.NONE
+        self._engine: registry.SharedEngine | None = None
+        self._engine_tables: registry.EngineTables | None = None
+        self._local = registry.LocalTables(
+            [], self.config, self.return_sequence_lengths
+        )
         # A serving device given here is checked now, not at export.
         if self.serving_lookup_device is not None:
             for table in self.table_specs:
@@ -230,52 +235,12 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ build
 
-    def _training_device(
-        self, table: TableSpec, hardware: engine_lib.EmbeddingHardware
-    ) -> LookupDevice:
-        first = table.columns[0]
-        on_tpu = hardware is not engine_lib.EmbeddingHardware.NONE
-        device = resolve_lookup_device(
-            first.lookup_device,
-            column=first.name,
-            serving=False,
-            engine=on_tpu,
-        )
-        if (
-            device is LookupDevice.TPU_EMBEDDING_CORE
-            and not hardware.has_engine
-        ):
-            # A TPU without an embedding engine: the dense tensor-core
-            # lookup is the one that runs inside the TPU step.
-            unshaped = [
-                c.name
-                for c in table.columns
-                if not c.is_sequence and c.tensor_core_shape is None
-            ]
-            if unshaped:
-                raise ValueError(
-                    f"This TPU has no embedding engine (e.g. TPU v5e), so "
-                    f"table '{table.name}' must run on the tensor core, but "
-                    f"the columns {unshaped} have no tensor_core_shape. Give "
-                    "them tensor_core_shape=[None, ids_per_example], with "
-                    "ids_per_example at least the largest number of ids of "
-                    "one example (kte.profile_lookups(dataset, columns) "
-                    "reports it as max_ids_per_example)."
-                )
-            tf.get_logger().warning(
-                "keras_tpu_embed: this TPU has no embedding engine; table "
-                "'%s' falls back to the tensor-core lookup.",
-                table.name,
-            )
-            return LookupDevice.TPU_TENSOR_CORE
-        return device
-
     def build(self, input_shape: Any = None) -> None:
         strategy = tf.distribute.get_strategy()
-        hardware = engine_lib.embedding_hardware(strategy)
+        hardware = tpu_hardware.embedding_hardware(strategy)
         self._built_hardware = hardware
         self._training_devices = {
-            table.name: self._training_device(table, hardware)
+            table.name: training_device(table, hardware)
             for table in self.table_specs
         }
         engine_tables = [
@@ -296,7 +261,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 "dense feature, or set embedding_lookup_device="
                 "'tpu_tensor_core' on those columns."
             )
-        self._local = LocalTables(
+        self._local = registry.LocalTables(
             local_tables, self.config, self.return_sequence_lengths
         )
         # In the TensorFlow object graph under a stable name, so that
@@ -327,11 +292,16 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         )
         self._local.bind(self.embedding_step, self.gradient_trap)
         if engine_tables:
-            self._engine = engine_lib.engine_for(strategy, hardware)
-            self._engine.register(
-                self,
+            self._engine = registry.engine_for(strategy, hardware)
+            self._engine_tables = self._engine.register(
+                self.name,
                 [c for t in engine_tables for c in t.columns],
                 self._keys_from_shape(input_shape),
+                config=self.config,
+                step=self.embedding_step,
+                trigger=self.gradient_trap,
+                # Local tables count the step in their own trap.
+                counts_step=not local_tables,
             )
         self.built = True
 
@@ -376,7 +346,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return list(self._local.tables)
 
     @property
-    def engine(self) -> engine_lib.SharedEngine | None:
+    def engine(self) -> registry.SharedEngine | None:
         """The shared TPU embedding engine, when the layer is built on one."""
         return self._engine
 
@@ -424,9 +394,17 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             )
         return inputs
 
+    def _backends(self) -> list[TableBackend]:
+        """Where this layer's tables live: the engine first, as it enqueues
+        every feature of the step."""
+        backends: list[TableBackend] = [self._local]
+        if self._engine_tables is not None:
+            backends.insert(0, self._engine_tables)
+        return backends
+
     def _check_strategy(self) -> None:
         """The layer runs under the kind of strategy it was built under."""
-        now = engine_lib.current_hardware()
+        now = tpu_hardware.current_hardware()
         if self._engine is not None and not now.has_engine:
             raise RuntimeError(
                 f"{type(self).__name__} '{self.name}' was built under "
@@ -438,8 +416,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 "tf.train.Checkpoint(embedding=kte.engine_checkpoint(model))."
             )
         if (
-            self._built_hardware is engine_lib.EmbeddingHardware.NONE
-            and now is not engine_lib.EmbeddingHardware.NONE
+            self._built_hardware is tpu_hardware.EmbeddingHardware.NONE
+            and now is not tpu_hardware.EmbeddingHardware.NONE
         ):
             raise RuntimeError(
                 f"{type(self).__name__} '{self.name}' was built outside "
@@ -451,9 +429,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         self._check_strategy()
         features = self._features(inputs)
-        values: dict[str, Tensor] = {}
-        if self._engine is not None:
-            values.update(self._engine.activations(self, features))
         phase = Phase(
             training=bool(training),
             serving=self._serving,
@@ -462,9 +437,12 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 for table in self._local.tables
             },
         )
-        local = self._local.activations(features, phase)
-        values.update(local.values)
-        lengths = local.lengths
+        values: dict[str, Tensor] = {}
+        lengths: dict[str, Tensor] = {}
+        for backend in self._backends():
+            answer = backend.activations(features, phase)
+            values.update(answer.values)
+            lengths.update(answer.lengths)
         outputs = {}
         for column in self.columns:
             outputs[column.name] = tf.cast(

@@ -40,7 +40,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.util import nest
 
-from keras_tpu_embed import engine as engine_lib
+from keras_tpu_embed import tpu_hardware
 
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -318,14 +318,15 @@ def _check_input_kind(path: str, value: Any) -> None:
 class StandInTPU:
     """Declares a `OneDeviceStrategy` to be a TPU with an embedding engine.
 
-    Patches `engine.embedding_hardware` and `engine.mid_level_class`, the
-    two places where the package consults TPU hardware.
+    Patches `tpu_hardware.embedding_hardware` and
+    `tpu_hardware.mid_level_class`, the two places where the package
+    consults TPU hardware.
     """
 
     def __init__(self, monkeypatch: Any, hardware: Any = None) -> None:
         self.strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-        self.hardware = hardware or engine_lib.EmbeddingHardware.V1
-        real = engine_lib.embedding_hardware
+        self.hardware = hardware or tpu_hardware.EmbeddingHardware.V1
+        real = tpu_hardware.embedding_hardware
         strategy = self.strategy
 
         def embedding_hardware(candidate: Any) -> Any:
@@ -334,12 +335,12 @@ class StandInTPU:
             return real(candidate)
 
         monkeypatch.setattr(
-            engine_lib, "embedding_hardware", embedding_hardware
+            tpu_hardware, "embedding_hardware", embedding_hardware
         )
         # The package builds TPUEmbedding on V1 only (SparseCore is refused
         # before any mid-level object exists).
         monkeypatch.setattr(
-            engine_lib, "mid_level_class", lambda _: RecordingTPUEmbedding
+            tpu_hardware, "mid_level_class", lambda _: RecordingTPUEmbedding
         )
         RecordingTPUEmbedding.instances = []
 

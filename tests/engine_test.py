@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed import engine as engine_lib
+from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed.devices import LookupDevice
 from tests.engine_stand_in import RecordingTPUEmbedding
 from tests.engine_stand_in import StandInTPU
@@ -206,7 +206,7 @@ def test_mixed_precision_host_path_combines_float32_weights(mixed_bfloat16):
 
 
 def test_sparse_core_is_refused_at_build_with_what_works(monkeypatch):
-    tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.V2)
+    tpu = StandInTPU(monkeypatch, tpu_hardware.EmbeddingHardware.V2)
     with tpu.strategy.scope():
         with pytest.raises(RuntimeError) as raised:
             build_model()
@@ -226,7 +226,7 @@ def test_sparse_core_is_refused_at_build_with_what_works(monkeypatch):
 
 def test_sparse_core_tensor_core_columns_still_train(monkeypatch):
     # What the refusal recommends works on the same hardware.
-    tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.V2)
+    tpu = StandInTPU(monkeypatch, tpu_hardware.EmbeddingHardware.V2)
     column = kte.embedding_column(
         kte.categorical_column_with_identity("user", 20),
         4,
@@ -472,7 +472,7 @@ def test_engine_rejects_what_it_cannot_do(tpu, config, kwargs, message):
 
 
 def test_tpu_without_engine_falls_back_to_tensor_core(monkeypatch):
-    tpu = StandInTPU(monkeypatch, engine_lib.EmbeddingHardware.NO_ENGINE)
+    tpu = StandInTPU(monkeypatch, tpu_hardware.EmbeddingHardware.NO_ENGINE)
     shaped = kte.embedding_column(
         kte.categorical_column_with_identity("user", 20),
         4,

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from keras_tpu_embed import engine as engine_lib
+from keras_tpu_embed import tpu_hardware
 from tests.engine_stand_in import StandInTPU
 
 SCRIPT = pathlib.Path(__file__).parents[1] / "examples" / "tpu_smoke.py"
@@ -93,8 +93,8 @@ def test_a_failing_stage_is_reported_with_its_error(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     "hardware, reason",
     [
-        (engine_lib.EmbeddingHardware.NO_ENGINE, "has no embedding engine"),
-        (engine_lib.EmbeddingHardware.V2, "SparseCore"),
+        (tpu_hardware.EmbeddingHardware.NO_ENGINE, "has no embedding engine"),
+        (tpu_hardware.EmbeddingHardware.V2, "SparseCore"),
     ],
 )
 def test_tpus_without_a_supported_engine_are_a_skip_with_the_reason(

@@ -3,12 +3,16 @@
 Keras' `train_step` differentiates the loss with respect to the model's
 trainable variables and hands the result to the model's optimizer. Embedding
 tables must instead be updated by the embedding optimizer, on the rows the
-batch touched only. The tables are therefore non-trainable for Keras, and
-their gathered rows pass through a "gradient trap": an identity whose
-gradient function receives the rows' gradients, applies the sparse engine
-update to the tables, and returns zero for a scalar trainable variable that
-exists only so that Keras differentiates the path at all. This is how the TPU
-mid-level API hooks into a Keras step too (`apply_gradients` in the trap).
+batch touched only. So the tables are non-trainable for Keras, and the
+activations that come from them are produced inside a "gradient trap": a
+custom-gradient function of a scalar trainable variable (the layer's
+`table_update_trigger`, which stays 0). Its backward pass receives the
+activations' gradients, applies the embedding update (local tables: the
+sparse row update; the TPU engine: `apply_gradients`), and returns zero for
+the scalar, which exists only so that Keras differentiates the path at all.
+TF's own Keras layers for the engine hook into a step the same way.
+
+Both backends use this one trap.
 """
 
 from __future__ import annotations
@@ -24,40 +28,48 @@ ApplyGradients = Callable[[list[Tensor]], Tensor]
 
 
 def trap_gradients(
-    rows: Sequence[Tensor],
-    trap_variable: Tensor,
+    produce: Callable[[], Sequence[Tensor]],
+    trap_variables: Sequence[Tensor],
     apply_gradients: ApplyGradients,
 ) -> list[Tensor]:
-    """Returns `rows` unchanged; their gradients go to `apply_gradients`.
+    """Returns `produce()`; their gradients go to `apply_gradients`.
 
     Args:
-        rows: Gathered table rows, one tensor per table, `[n_t, dim_t]`.
-        trap_variable: The value of a scalar trainable variable. It is an
-            input so that the tape reaches this function; it receives zero.
+        produce: Makes the trapped tensors (e.g. gathered rows, or the
+            engine's dequeued activations), called inside the trap.
+        trap_variables: Values of scalar trainable variables. They are the
+            trap's inputs, so that the tape reaches it; each gets zero.
         apply_gradients: Called inside the backward pass with one dense
-            `[n_t, dim_t]` gradient per table; it applies the updates and
-            returns a numeric scalar computed after all of them (e.g. the
-            incremented step).
+            gradient per trapped tensor (zeros where none flowed); it applies
+            the updates and returns a numeric scalar computed after all of
+            them (e.g. the incremented step).
 
-    The trap variable's (zero) gradient is computed from that scalar, so the
-    updates are a data dependency of the Keras optimizer's step. Control
+    The trap variables' (zero) gradients are computed from that scalar, so
+    the updates are a data dependency of the Keras optimizer's step. Control
     dependencies alone are not enough: Grappler prunes updates that hang
     only on control edges in `model.fit` with some Keras optimizers (Adam).
     """
 
     @tf.custom_gradient  # type: ignore[untyped-decorator]
-    def trap(*inputs: Tensor) -> Any:
-        outputs = [tf.identity(r) for r in inputs[:-1]]
+    def trap(*dummies: Tensor) -> Any:
+        outputs = [tf.identity(t) for t in produce()]
 
-        def backward(*upstream: Tensor) -> list[Tensor]:
+        def backward(*upstream: Tensor, variables: Any = None) -> Any:
             gradients = [
-                tf.convert_to_tensor(g) if g is not None else tf.zeros_like(r)
-                for g, r in zip(upstream, outputs)
+                tf.zeros_like(o) if g is None else tf.convert_to_tensor(g)
+                for g, o in zip(upstream, outputs)
             ]
             done = apply_gradients(gradients)
-            zero = tf.cast(done, inputs[-1].dtype) * 0.0
-            return [tf.zeros_like(r) for r in outputs] + [zero]
+            zeros = [
+                tf.zeros_like(d) + tf.cast(done, d.dtype) * 0 for d in dummies
+            ]
+            if variables:
+                # Variables read inside `produce` (a mid-level object that
+                # looks up from variables itself) are trained by
+                # `apply_gradients`, not by Keras.
+                return zeros, [None] * len(variables)
+            return zeros
 
         return outputs, backward
 
-    return list(trap(*rows, trap_variable))
+    return list(trap(*trap_variables))

@@ -1,0 +1,187 @@
+"""What the TPU embedding engine would refuse or answer wrongly, said first.
+
+TF's mid-level API fails late and tersely (at the first enqueue, or in a
+later layer) on inputs this package can check at build or trace time; each
+check here names the feature and says what to do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Collection
+from typing import Protocol
+from typing import Sequence
+
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import AnyEmbeddingColumn
+from keras_tpu_embed.types import Tensor
+
+
+class Member(Protocol):
+    """A layer registered with the engine, as the checks see it."""
+
+    name: str
+    input_keys: frozenset[str] | None
+    features: dict[str, tuple[str, str | None]]
+
+
+def check_every_layer_gets_every_feature(members: Sequence[Member]) -> None:
+    """Every layer must receive every engine feature (one enqueue)."""
+    needed: dict[str, str] = {}
+    for member in members:
+        for ids_key, weights_key in member.features.values():
+            needed.setdefault(ids_key, member.name)
+            if weights_key:
+                needed.setdefault(weights_key, member.name)
+    for member in members:
+        if member.input_keys is None:
+            continue
+        missing = sorted(set(needed) - member.input_keys)
+        if missing:
+            readers = sorted({needed[key] for key in missing})
+            raise ValueError(
+                "The TPU embedding engine enqueues every embedding-core "
+                "feature of the model once per step, from the input of "
+                f"the first embedding layer called. Layer '{member.name}' "
+                f"does not receive {missing} (read by {readers}). Pass the "
+                "same feature dict (the FeaturePreprocessor output) to "
+                "every embedding layer of the model."
+            )
+
+
+def check_enqueue_inputs(
+    features: dict[str, Tensor], sequence_features: Collection[str]
+) -> None:
+    """Refuses, at trace time, inputs the engine would answer wrongly.
+
+    TF's V1 engine reads a dense input as one id per example and sizes
+    the output from the input shape
+    (`TPUEmbedding._get_output_shapes_from_input_shapes`): a dense
+    sequence feature would come back combined, `[batch, dim]`, not
+    `[batch, max_sequence_length, dim]`.
+    """
+    for feature, value in features.items():
+        if isinstance(value, tf.Tensor) and feature in sequence_features:
+            raise ValueError(
+                f"Sequence feature '{feature}' reaches the TPU embedding "
+                f"engine as a dense tensor of shape {value.shape}. The "
+                "engine reads dense ids as one id per example and would "
+                "return [batch, dim], not [batch, max_sequence_length, "
+                "dim]. Feed it as a tf.SparseTensor or tf.RaggedTensor "
+                "(kte.FeaturePreprocessor outputs sparse ids)."
+            )
+
+
+def check_batch_size(
+    features: dict[str, Tensor], first_batch_size: int | None
+) -> int:
+    """One static per-replica batch size for the engine's lifetime.
+
+    Returns the batch of this step; `first_batch_size` is the first step's.
+
+    TF's V1 engine sizes its outputs at the first enqueue and checks
+    every later enqueue against them (`tpu_embedding_v2.py`,
+    `TPUEmbedding.enqueue` -> `_check_output_shapes`: "Inconsistent
+    shape"); an unknown batch cannot build it ("not fully defined").
+    Both are said here first, with the fix.
+    """
+    sizes = {name: value.shape[0] for name, value in features.items()}
+    unknown = sorted(name for name, size in sizes.items() if size is None)
+    if unknown:
+        raise ValueError(
+            f"The features {unknown} reach the TPU embedding engine with "
+            "an unknown batch size. The engine needs a static batch: "
+            "feed the model with kte.distribute_dataset(strategy, "
+            "dataset, global_batch_size=...), which batches with "
+            "drop_remainder=True."
+        )
+    batches = sorted(set(sizes.values()))
+    if len(batches) > 1:
+        raise ValueError(
+            "The features of one step reach the TPU embedding engine "
+            f"with different batch sizes: {sizes}. Batch them together."
+        )
+    batch = int(batches[0])
+    if first_batch_size is None:
+        return batch
+    if batch != first_batch_size:
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        raise ValueError(
+            "The TPU embedding engine was built for a per-replica batch "
+            f"of {first_batch_size} (global {first_batch_size * replicas}"
+            f" over {replicas} replicas) by its first step, and this step "
+            f"feeds {batch}; TF fixes the batch at the first step "
+            "('Inconsistent shape'). Use the same global_batch_size in "
+            "kte.distribute_dataset for fit, evaluate and predict (the "
+            "last partial batch is dropped)."
+        )
+    return batch
+
+
+def check_activation_shapes(
+    activations: dict[str, Tensor], feature_configs: dict[str, Any]
+) -> None:
+    """The engine's activations have the shapes the layers declare.
+
+    TF's `TPUEmbedding.dequeue` returns `(*output_shape, dim)` with the
+    output shape read from the input (`tpu_embedding_v2.py`,
+    `_get_output_shapes_from_input_shapes`): `[batch, dim]` for dense
+    `[batch]` / `[batch, 1]` and for sparse or ragged ids,
+    `[batch, max_sequence_length, dim]` for sparse or ragged sequence
+    ids. Anything else (e.g. an `output_shape` in a user's
+    `FeatureConfig`) fails here, at trace time, not in a later layer.
+    """
+    for feature, value in activations.items():
+        config = feature_configs[feature]
+        tail = [config.table.dim]
+        if config.max_sequence_length > 0:
+            tail.insert(0, config.max_sequence_length)
+        shape = value.shape
+        if shape.rank != len(tail) + 1 or shape.as_list()[1:] != tail:
+            raise ValueError(
+                f"The TPU embedding engine returned shape {shape} for "
+                f"feature '{feature}'; the layer declares "
+                f"[batch, {', '.join(map(str, tail))}]. Feed its ids as "
+                "dense [batch] / [batch, 1] or as a rank-2 "
+                "tf.SparseTensor / tf.RaggedTensor, and leave "
+                "FeatureConfig.output_shape unset."
+            )
+
+
+def refuse_sparse_core(
+    layer_name: str, columns: Sequence[AnyEmbeddingColumn]
+) -> None:
+    """Raises: SparseCore (`TPUEmbeddingV2`) is not driven by this package.
+
+    Reading TF 2.20/2.21 and keras-rs' TensorFlow `DistributedEmbedding`
+    (`_sparsecore_init`, which sets up `TPUEmbeddingV2` from its own
+    configs), a correct V2 path needs what this package does not do yet:
+
+    - every `FeatureConfig.output_shape` set from the per-replica batch
+      before the constructor, which stacks tables by sample count
+      (`tpu_embedding_v3.py`, `_stack_tables_with_same_table_dim_and_
+      optimizer`; without it: "Cannot iterate over a shape with unknown
+      rank"), and a `SparseCoreEmbeddingConfig`;
+    - `max_sequence_length` and clipping, which V2 does not apply, mapped
+      to errors;
+    - checkpoints keyed by stacked table and sharded over SparseCores
+      (keras-rs un-shards them in `_sparsecore_get_embedding_tables`),
+      un-stacked into our table names for the CPU model.
+
+    None of it can be checked without a SparseCore TPU, so the layer
+    refuses at build rather than train or checkpoint wrongly.
+    """
+    names = sorted(c.name for c in columns)
+    tables = sorted({c.table_name for c in columns})
+    raise RuntimeError(
+        f"Layer '{layer_name}' would put the columns {names} (tables "
+        f"{tables}) on the TPU embedding engine, but this TPU has SparseCore "
+        "(embedding_feature V2, e.g. TPU v5p, v6e), whose mid-level API "
+        "tf.tpu.experimental.embedding.TPUEmbeddingV2 keras_tpu_embed does "
+        "not support yet (its stacked, sharded tables would not restore "
+        "into the CPU model by table name). What works: give those columns "
+        "embedding_lookup_device='tpu_tensor_core' and tensor_core_shape="
+        "[None, ids_per_example] (dense lookups on the TensorCore, any "
+        "TPU), or train on a TPU whose embedding_feature is V1 (e.g. TPU "
+        "v3, v4) for the embedding engine."
+    )

@@ -1,0 +1,63 @@
+"""What the TPU in scope offers for embeddings: the one place that asks.
+
+`embedding_hardware` reads the strategy's
+`extended.tpu_hardware_feature.embedding_feature`; `mid_level_class` names
+the mid-level API class for that hardware. Nothing else in the package
+consults TPU hardware, so the tests can replace these two with a recording
+stand-in (`tests/engine_stand_in.py`) that enforces TF's invariants: a test
+of the protocol, not a TPU run.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from keras_tpu_embed._compat import tf
+
+_TPU_STRATEGIES = (
+    tf.distribute.TPUStrategy,
+    tf.distribute.experimental.TPUStrategy,
+)
+
+
+class EmbeddingHardware(enum.Enum):
+    """What the current strategy offers for embedding lookups."""
+
+    NONE = "none"  # not a TPUStrategy: CPU, GPU, default strategy
+    NO_ENGINE = "no_engine"  # a TPU without an embedding engine (v5e)
+    V1 = "v1"  # the TPU embedding engine (TPUEmbedding)
+    V2 = "v2"  # SparseCore (TPUEmbeddingV2)
+
+    @property
+    def has_engine(self) -> bool:
+        return self in (EmbeddingHardware.V1, EmbeddingHardware.V2)
+
+
+def embedding_hardware(strategy: Any) -> EmbeddingHardware:
+    """Reads `strategy.extended.tpu_hardware_feature.embedding_feature`."""
+    if not isinstance(strategy, _TPU_STRATEGIES):
+        return EmbeddingHardware.NONE
+    feature = strategy.extended.tpu_hardware_feature.embedding_feature
+    kinds = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
+    if feature == kinds.V1:
+        return EmbeddingHardware.V1
+    if feature == kinds.V2:
+        return EmbeddingHardware.V2
+    return EmbeddingHardware.NO_ENGINE
+
+
+def current_hardware() -> EmbeddingHardware:
+    """`embedding_hardware` of the strategy in scope (or in `run`)."""
+    return embedding_hardware(tf.distribute.get_strategy())
+
+
+def mid_level_class(hardware: EmbeddingHardware) -> type:
+    """The mid-level API class for the hardware (V1 only: SparseCore is
+    refused at build, see `embedding_core.refuse_sparse_core`)."""
+    if hardware is EmbeddingHardware.V1:
+        mid_level: type = tf.tpu.experimental.embedding.TPUEmbedding
+        return mid_level
+    raise ValueError(
+        f"No supported TPU embedding engine on {hardware.value} hardware."
+    )
