@@ -37,7 +37,6 @@ from keras_tpu_embed.columns import (
 )
 from keras_tpu_embed.config import EmbeddingConfig as EmbeddingConfig
 from keras_tpu_embed.distribute import distribute_dataset as distribute_dataset
-from keras_tpu_embed.layers import SharedTPUEmbedding as SharedTPUEmbedding
 from keras_tpu_embed.layers import TPUEmbeddingLayer as TPUEmbeddingLayer
 from keras_tpu_embed.loading import load_model as load_model
 from keras_tpu_embed.loading import load_saved_model as load_saved_model
@@ -49,6 +48,9 @@ from keras_tpu_embed.preprocessing import (
 )
 from keras_tpu_embed.profiling import profile_lookups as profile_lookups
 from keras_tpu_embed.serving import export_saved_model as export_saved_model
+from keras_tpu_embed.shared_layer import (
+    SharedTPUEmbedding as SharedTPUEmbedding,
+)
 from keras_tpu_embed.tpu_conversion import (
     to_tpu_feature_configs as to_tpu_feature_configs,
 )

@@ -138,3 +138,19 @@ class EmbeddingConfig:
                 )
             )
         return cls(**config)
+
+
+def as_config(config: Any) -> EmbeddingConfig:
+    """`config`, or the default `EmbeddingConfig()` for None.
+
+    Raises:
+        TypeError: anything but an `EmbeddingConfig` or None.
+    """
+    if config is None:
+        return EmbeddingConfig()
+    if not isinstance(config, EmbeddingConfig):
+        raise TypeError(
+            "`config` must be a kte.EmbeddingConfig. Received: "
+            f"{config!r} (of type {type(config).__name__})"
+        )
+    return config

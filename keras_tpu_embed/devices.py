@@ -116,6 +116,32 @@ def resolve_lookup_device(
     return LookupDevice.CPU
 
 
+def table_device(
+    table: Any,
+    *,
+    serving: bool,
+    serving_override: LookupDevice | None = None,
+) -> LookupDevice:
+    """`resolve_lookup_device` for a table off the TPU engine.
+
+    `table` has `columns` (a `tables.TableSpec`); its columns agree on their
+    device. The tensor core needs every non-sequence column to have a
+    `tensor_core_shape` (sequence columns use `max_sequence_length`).
+    """
+    first = table.columns[0]
+    return resolve_lookup_device(
+        first.lookup_device,
+        column=first.name,
+        serving=serving,
+        engine=False,
+        serving_override=serving_override,
+        has_tensor_core_shape=all(
+            c.is_sequence or c.tensor_core_shape is not None
+            for c in table.columns
+        ),
+    )
+
+
 def training_device(table: Any, hardware: EmbeddingHardware) -> LookupDevice:
     """Where a table's lookups run in training, on `hardware`.
 

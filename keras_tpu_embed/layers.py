@@ -8,7 +8,6 @@ math lives in `lookup/` and `optimizers.py`, the update hook in
 from __future__ import annotations
 
 import contextlib
-import warnings
 from typing import Any
 from typing import Iterator
 from typing import Sequence
@@ -17,29 +16,26 @@ from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.columns import AnyEmbeddingColumn
-from keras_tpu_embed.columns import SharedEmbeddingColumn
-from keras_tpu_embed.columns import input_keys
-from keras_tpu_embed.columns import shared_embedding_columns
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns import vocabulary_files_from_archive
 from keras_tpu_embed.config import EmbeddingConfig
+from keras_tpu_embed.config import as_config
 from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
-from keras_tpu_embed.devices import resolve_lookup_device
+from keras_tpu_embed.devices import table_device
 from keras_tpu_embed.devices import training_device
+from keras_tpu_embed.layer_io import LayerInputs
+from keras_tpu_embed.layer_io import LayerOutputs
+from keras_tpu_embed.layer_io import check_output_mode
 from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.tables import TableSpec
 from keras_tpu_embed.tables import group_into_tables
-from keras_tpu_embed.types import SUPPORTED_OUTPUT_MODES
 from keras_tpu_embed.types import Tensor
-
-SEQUENCE_LENGTH_SUFFIX = "_sequence_length"
 
 
 @serializable
@@ -125,32 +121,14 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     ) -> None:
         super().__init__(**kwargs)
         self.columns = to_embedding_columns(columns)
-        if config is None:
-            config = EmbeddingConfig()
-        if not isinstance(config, EmbeddingConfig):
-            raise TypeError(
-                "`config` must be a kte.EmbeddingConfig. Received: "
-                f"{config!r} (of type {type(config).__name__})"
-            )
-        self.config = config
+        self.config = as_config(config)
         self.serving_lookup_device = parse_lookup_device(
             serving_lookup_device,
             "serving_lookup_device",
             SUPPORTED_SERVING_DEVICES,
         )
-        if output not in SUPPORTED_OUTPUT_MODES:
-            raise ValueError(
-                "Invalid value for argument `output`. Expected one of "
-                f"{SUPPORTED_OUTPUT_MODES}. Received: output={output!r}"
-            )
-        self.output_mode = output
+        self.output_mode = check_output_mode(output, self.columns)
         self.return_sequence_lengths = bool(return_sequence_lengths)
-        sequence = [c.name for c in self.columns if c.is_sequence]
-        if output == "concat" and sequence:
-            raise ValueError(
-                "`output='concat'` joins `[batch, dim]` activations and cannot "
-                f"hold the sequence columns {sequence}; use `output='dict'`."
-            )
         self.table_specs = group_into_tables(self.columns)
         # Decided at build, from the strategy in scope.
         self._training_devices: dict[str, LookupDevice] = {}
@@ -175,7 +153,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         # Set by `export_saved_model` while it traces the serving function.
         self._serving = False
         self._serving_override: LookupDevice | None = None
-        self._warned_extra_keys = False
+        self._inputs = LayerInputs(
+            f"{type(self).__name__} '{self.name}'", self.columns
+        )
 
     @contextlib.contextmanager
     def serving_lookups(
@@ -215,23 +195,10 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         """Where `table`'s lookups run now; its columns agree on it."""
         if not serving and table.name in self._training_devices:
             return self._training_devices[table.name]
-        first = table.columns[0]
-        override = (
-            self._serving_override
-            if serving and getattr(self, "_serving_override", None)
-            else self.serving_lookup_device
-        )
-        return resolve_lookup_device(
-            first.lookup_device,
-            column=first.name,
-            serving=serving,
-            engine=False,
-            serving_override=override,
-            has_tensor_core_shape=all(
-                c.is_sequence or c.tensor_core_shape is not None
-                for c in table.columns
-            ),
-        )
+        override = self.serving_lookup_device
+        if serving and getattr(self, "_serving_override", None):
+            override = self._serving_override
+        return table_device(table, serving=serving, serving_override=override)
 
     # ------------------------------------------------------------------ build
 
@@ -296,7 +263,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             self._engine_tables = self._engine.register(
                 self.name,
                 [c for t in engine_tables for c in t.columns],
-                self._keys_from_shape(input_shape),
+                self._inputs.keys_from_shape(input_shape),
                 config=self.config,
                 step=self.embedding_step,
                 trigger=self.gradient_trap,
@@ -304,15 +271,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 counts_step=not local_tables,
             )
         self.built = True
-
-    def _keys_from_shape(self, input_shape: Any) -> frozenset[str] | None:
-        """The feature keys this layer is called with, when build knows."""
-        if isinstance(input_shape, dict):
-            return frozenset(input_shape)
-        expected = input_keys(self.columns)
-        if input_shape is not None and len(expected) == 1:
-            return frozenset(expected)
-        return None
 
     def table_variable(self, table_name: str) -> Any:
         """The `keras.Variable` of a table, by table name."""
@@ -364,36 +322,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------- call
 
-    def _features(self, inputs: Any) -> dict[str, Tensor]:
-        expected = input_keys(self.columns)
-        if not isinstance(inputs, dict):
-            if len(expected) == 1:
-                return {expected[0]: inputs}
-            raise TypeError(
-                f"{type(self).__name__} '{self.name}' reads the features "
-                f"{expected}: pass a dict keyed by them. Received: "
-                f"{type(inputs).__name__}"
-            )
-        missing = [key for key in expected if key not in inputs]
-        if missing:
-            raise KeyError(
-                f"Missing feature '{missing[0]}' in the input of "
-                f"{type(self).__name__} '{self.name}'. Expected keys: "
-                f"{expected}. Received keys: {sorted(inputs)}."
-            )
-        extra = sorted(set(inputs) - set(expected))
-        if extra and not self._warned_extra_keys:
-            # One preprocessor output often feeds several embedding layers,
-            # so extra keys are normal: ignored by name, said once.
-            self._warned_extra_keys = True
-            warnings.warn(
-                f"{type(self).__name__} '{self.name}' ignores the input keys "
-                f"{extra}; it reads {expected}. This is expected when one "
-                "feature dict feeds several layers (shown once per layer).",
-                stacklevel=2,
-            )
-        return inputs
-
     def _backends(self) -> list[TableBackend]:
         """Where this layer's tables live: the engine first, as it enqueues
         every feature of the step."""
@@ -402,33 +330,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             backends.insert(0, self._engine_tables)
         return backends
 
-    def _check_strategy(self) -> None:
-        """The layer runs under the kind of strategy it was built under."""
-        now = tpu_hardware.current_hardware()
-        if self._engine is not None and not now.has_engine:
-            raise RuntimeError(
-                f"{type(self).__name__} '{self.name}' was built under "
-                "TPUStrategy and its tables live in the TPU embedding engine, "
-                "but it is called outside that strategy. Call the model "
-                "through model.fit / evaluate / predict under the strategy. "
-                "To run on CPU or export for serving, build the same model "
-                "outside the strategy and restore "
-                "tf.train.Checkpoint(embedding=kte.engine_checkpoint(model))."
-            )
-        if (
-            self._built_hardware is tpu_hardware.EmbeddingHardware.NONE
-            and now is not tpu_hardware.EmbeddingHardware.NONE
-        ):
-            raise RuntimeError(
-                f"{type(self).__name__} '{self.name}' was built outside "
-                "TPUStrategy (its tables are ordinary variables) but is "
-                "called under it. Create and build the model inside "
-                "`strategy.scope()`."
-            )
-
     def call(self, inputs: Any, training: bool | None = None) -> Any:
-        self._check_strategy()
-        features = self._features(inputs)
+        tpu_hardware.check_called_where_built(
+            f"{type(self).__name__} '{self.name}'",
+            self._built_hardware,
+            on_engine=self._engine_tables is not None,
+        )
+        features = self._inputs.features(inputs)
         phase = Phase(
             training=bool(training),
             serving=self._serving,
@@ -443,22 +351,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             answer = backend.activations(features, phase)
             values.update(answer.values)
             lengths.update(answer.lengths)
-        outputs = {}
-        for column in self.columns:
-            outputs[column.name] = tf.cast(
-                values[column.name], self.compute_dtype
-            )
-            if column.name in lengths:
-                outputs[column.name + SEQUENCE_LENGTH_SUFFIX] = lengths[
-                    column.name
-                ]
-        for name in self._raw_engine_features():
-            outputs[name] = tf.cast(values[name], self.compute_dtype)
-        if self.output_mode == "concat":
-            return tf.concat(
-                [outputs[name] for name in sorted(outputs)], axis=-1
-            )
-        return outputs
+        return self._outputs().assemble(values, lengths)
 
     def _raw_engine_features(self) -> dict[str, Any]:
         """`feature_to_config_dict` entries: served by the engine only."""
@@ -466,33 +359,17 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             return {}
         return dict(self.config.feature_to_config_dict or {})
 
+    def _outputs(self) -> LayerOutputs:
+        return LayerOutputs(
+            columns=self.columns,
+            raw_features=self._raw_engine_features(),
+            concat=self.output_mode == "concat",
+            return_sequence_lengths=self.return_sequence_lengths,
+            dtype=self.compute_dtype,
+        )
+
     def compute_output_spec(self, inputs: Any, training: Any = None) -> Any:
-        specs = {}
-        for column in self.columns:
-            if column.is_sequence:
-                shape: tuple[Any, ...] = (
-                    None,
-                    column.max_sequence_length,
-                    column.dimension,
-                )
-            else:
-                shape = (None, column.dimension)
-            specs[column.name] = keras.KerasTensor(
-                shape, dtype=self.compute_dtype
-            )
-            if column.is_sequence and self.return_sequence_lengths:
-                specs[column.name + SEQUENCE_LENGTH_SUFFIX] = keras.KerasTensor(
-                    (None,), dtype="int64"
-                )
-        for name, feature in self._raw_engine_features().items():
-            shape = (None, feature.table.dim)
-            if feature.max_sequence_length:
-                shape = (None, feature.max_sequence_length, feature.table.dim)
-            specs[name] = keras.KerasTensor(shape, dtype=self.compute_dtype)
-        if self.output_mode == "concat":
-            width = sum(c.dimension for c in self.columns)
-            return keras.KerasTensor((None, width), dtype=self.compute_dtype)
-        return specs
+        return self._outputs().spec()
 
     # ---------------------------------------------------------- serialization
 
@@ -537,91 +414,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         self.columns = vocabulary_assets.load_vocabularies(
             self.columns, dir_path
         )
+        self._inputs.columns = self.columns
         by_name = {t.name: t for t in group_into_tables(self.columns)}
         self.table_specs = list(by_name.values())
         if self.built:
             self._local.use_specs(by_name)
-
-
-@serializable
-class SharedTPUEmbedding(TPUEmbeddingLayer):
-    """One embedding table looked up by several features.
-
-    Build it from the output of `shared_embedding_columns`, or from
-    categorical columns plus `dimension` (then `combiner`,
-    `max_sequence_lengths` and `shared_embedding_collection_name` are passed
-    to `shared_embedding_columns`).
-
-    Args:
-        columns: Shared embedding columns of one table, or categorical
-            columns when `dimension` is given.
-        config: As `TPUEmbeddingLayer`.
-        serving_lookup_device: As `TPUEmbeddingLayer`.
-        output: As `TPUEmbeddingLayer`.
-        return_sequence_lengths: As `TPUEmbeddingLayer`.
-        dimension: Builds the shared columns from categorical `columns`.
-        combiner: With `dimension`.
-        max_sequence_lengths: With `dimension`.
-        shared_embedding_collection_name: With `dimension`.
-        **kwargs: Base `keras.layers.Layer` arguments.
-
-    Example:
-
-    >>> item = categorical_column_with_identity("item_id", 100)
-    >>> hist = sequence_categorical_column_with_identity("history", 100)
-    >>> layer = SharedTPUEmbedding([item, hist], dimension=8,
-    ...                            max_sequence_lengths=[0, 5])
-    >>> out = layer({"item_id": tf.constant([3, 4]),
-    ...              "history": tf.constant([[1, 2, -1], [4, -1, -1]])})
-    >>> out["history_shared_embedding"].shape
-    TensorShape([2, 5, 8])
-    """
-
-    def __init__(
-        self,
-        columns: Sequence[Any],
-        config: EmbeddingConfig | None = None,
-        serving_lookup_device: str | None = None,
-        output: str = "dict",
-        return_sequence_lengths: bool = False,
-        dimension: int | None = None,
-        combiner: str = "mean",
-        max_sequence_lengths: Sequence[int] | None = None,
-        shared_embedding_collection_name: str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if dimension is not None:
-            columns = shared_embedding_columns(
-                columns,
-                dimension,
-                combiner=combiner,
-                max_sequence_lengths=max_sequence_lengths,
-                shared_embedding_collection_name=(
-                    shared_embedding_collection_name
-                ),
-            )
-        converted: list[AnyEmbeddingColumn] = to_embedding_columns(columns)
-        if not all(isinstance(c, SharedEmbeddingColumn) for c in converted):
-            raise TypeError(
-                "SharedTPUEmbedding takes the output of "
-                "shared_embedding_columns, or categorical columns with "
-                "`dimension`. Use TPUEmbeddingLayer for unshared columns."
-            )
-        tables = sorted({c.table_name for c in converted})
-        if len(tables) != 1:
-            raise ValueError(
-                "SharedTPUEmbedding holds one shared table; its columns name "
-                f"the tables {tables}. Use one layer per table or "
-                "TPUEmbeddingLayer."
-            )
-        super().__init__(
-            converted,
-            config=config,
-            serving_lookup_device=serving_lookup_device,
-            output=output,
-            return_sequence_lengths=return_sequence_lengths,
-            **kwargs,
-        )
 
 
 def embedding_layers(model_or_layers: Any) -> list[TPUEmbeddingLayer]:

@@ -24,6 +24,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.config import SUPPORTED_PARTITION_STRATEGIES
 from keras_tpu_embed.ids import to_id_batch
+from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.tables import group_into_tables
 
 PROFILE_SUFFIX = ".lookup_profile.json"
@@ -82,7 +83,6 @@ def profile_lookups(
     >>> stats["item"]["features"]["item"]["mean_ids_per_example"]
     1.5
     """
-    from keras_tpu_embed.layers import TPUEmbeddingLayer
 
     if isinstance(columns, TPUEmbeddingLayer):
         directory = directory or columns.config.profile_data_directory

@@ -61,3 +61,35 @@ def mid_level_class(hardware: EmbeddingHardware) -> type:
     raise ValueError(
         f"No supported TPU embedding engine on {hardware.value} hardware."
     )
+
+
+def check_called_where_built(
+    layer: str, built_on: EmbeddingHardware, on_engine: bool
+) -> None:
+    """A layer runs under the kind of strategy it was built under.
+
+    Args:
+        layer: The layer's kind and name, for messages.
+        built_on: The hardware the layer was built on.
+        on_engine: Whether the layer's tables live in the TPU engine.
+
+    Raises:
+        RuntimeError: called outside the strategy that holds its engine
+            tables, or under a TPUStrategy after being built outside one.
+    """
+    now = current_hardware()
+    if on_engine and not now.has_engine:
+        raise RuntimeError(
+            f"{layer} was built under TPUStrategy and its tables live in the "
+            "TPU embedding engine, but it is called outside that strategy. "
+            "Call the model through model.fit / evaluate / predict under "
+            "the strategy. To run on CPU or export for serving, build the "
+            "same model outside the strategy and restore "
+            "tf.train.Checkpoint(embedding=kte.engine_checkpoint(model))."
+        )
+    if built_on is EmbeddingHardware.NONE and now is not EmbeddingHardware.NONE:
+        raise RuntimeError(
+            f"{layer} was built outside TPUStrategy (its tables are ordinary "
+            "variables) but is called under it. Create and build the model "
+            "inside `strategy.scope()`."
+        )

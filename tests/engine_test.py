@@ -194,13 +194,13 @@ def test_mixed_precision_host_path_combines_float32_weights(mixed_bfloat16):
     layer = kte.TPUEmbeddingLayer(columns[1:])  # the weighted column
     features, _ = next(iter(examples().batch(N)))
     seen = []
-    original = layer._features
+    original = layer._inputs.features
 
     def record(inputs):
         seen.append(inputs["tag_w"].dtype)
         return original(inputs)
 
-    layer._features = record
+    layer._inputs.features = record
     layer({"tags": features["tags"], "tag_w": features["tag_w"]})
     assert seen == [tf.float32]
 
