@@ -1,0 +1,144 @@
+"""Raw values to ids, one categorical column at a time, on the host.
+
+Identity columns pass ids through (out-of-range ones to `default_value` or a
+range error), hashed columns hash with TensorFlow's `to_hash_bucket_fast`
+(as `tf.feature_column` does), vocabulary columns look values up in a
+`tf.lookup` table built from the list or the file (OOV buckets, or -1 /
+`default_value` for unknown values). `FeaturePreprocessor` applies one
+`IdMapper` per column, inside `tf.data` and inside the serving graph.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from keras_tpu_embed import columns as columns_lib
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.ids import ids_below
+from keras_tpu_embed.ids import map_to_default
+from keras_tpu_embed.types import Tensor
+
+
+def _ignore_value(dtype: tf.DType) -> Any:
+    return "" if dtype == tf.string else -1
+
+
+def to_sparse(feature: str, value: Tensor) -> tf.SparseTensor:
+    """Raw dense / ragged / sparse input as a rank-2 SparseTensor."""
+    if isinstance(value, tf.RaggedTensor):
+        if value.ragged_rank != 1 or value.shape.rank != 2:
+            raise ValueError(
+                f"Feature '{feature}' must be a ragged `[batch, (n)]` tensor, "
+                f"got shape {value.shape}."
+            )
+        return value.to_sparse()
+    if isinstance(value, tf.SparseTensor):
+        rank = value.shape.rank
+        if rank == 1:
+            return tf.sparse.reshape(value, [-1, 1])
+        if rank != 2:
+            raise ValueError(
+                f"Feature '{feature}' must be rank 1 or 2, got a sparse "
+                f"tensor of rank {rank}."
+            )
+        return value
+    value = tf.convert_to_tensor(value)
+    rank = value.shape.rank
+    if rank == 1:
+        value = value[:, tf.newaxis]
+    elif rank != 2:
+        raise ValueError(
+            f"Feature '{feature}' must be rank 1 `[batch]` or rank 2 "
+            f"`[batch, n]`, got shape {value.shape}."
+        )
+    keep = tf.not_equal(value, _ignore_value(value.dtype))
+    return tf.SparseTensor(
+        indices=tf.where(keep),
+        values=tf.boolean_mask(value, keep),
+        dense_shape=tf.shape(value, out_type=tf.int64),
+    )
+
+
+def check_raw_dtype(
+    feature: str, value: Tensor, column: columns_lib.CategoricalColumn
+) -> None:
+    want_string = column.base.input_dtype == "string"
+    dtype = value.dtype
+    if want_string and dtype != tf.string:
+        raise TypeError(
+            f"Feature '{feature}' must hold strings for column "
+            f"'{column.name}', got dtype {dtype.name}."
+        )
+    if not want_string and not dtype.is_integer:
+        raise TypeError(
+            f"Feature '{feature}' must hold integers for column "
+            f"'{column.name}', got dtype {dtype.name}."
+        )
+
+
+class IdMapper:
+    """Maps the values of one feature to ids with one column's rules."""
+
+    def __init__(self, column: columns_lib.CategoricalColumn) -> None:
+        self.column = column
+        base = column.base
+        self.table: Any = None
+        if isinstance(base, columns_lib.VocabularyListColumn):
+            key_dtype = tf.string if base.dtype == "string" else tf.int64
+            initializer = tf.lookup.KeyValueTensorInitializer(
+                keys=tf.constant(list(base.vocabulary_list), key_dtype),
+                values=tf.range(len(base.vocabulary_list), dtype=tf.int64),
+            )
+            self.table = self._table(
+                initializer, base.num_oov_buckets, base.default_value
+            )
+        elif isinstance(base, columns_lib.VocabularyFileColumn):
+            if not os.path.exists(base.vocabulary_file):
+                # Rebuilt from a `.keras` config: the archive's copy of the
+                # file arrives in `load_assets`; calling before that fails.
+                return
+            key_dtype = tf.string if base.dtype == "string" else tf.int64
+            initializer = tf.lookup.TextFileInitializer(
+                filename=base.vocabulary_file,
+                key_dtype=key_dtype,
+                key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
+                value_dtype=tf.int64,
+                value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
+                vocab_size=base.vocabulary_size,
+            )
+            default = -1 if base.default_value is None else base.default_value
+            self.table = self._table(initializer, base.num_oov_buckets, default)
+
+    @staticmethod
+    def _table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
+        if num_oov_buckets:
+            return tf.lookup.StaticVocabularyTable(initializer, num_oov_buckets)
+        return tf.lookup.StaticHashTable(initializer, default)
+
+    def __call__(self, values: Tensor) -> Tensor:
+        base = self.column.base
+        if isinstance(base, columns_lib.IdentityColumn):
+            ids = tf.cast(values, tf.int64)
+            if base.default_value is not None:
+                return map_to_default(ids, base.num_buckets, base.default_value)
+            return ids_below(
+                ids,
+                base.num_buckets,
+                f"Feature '{base.key}' has ids outside [0, "
+                f"{base.num_buckets}) and its identity column has no "
+                "default_value.",
+            )
+        if isinstance(base, columns_lib.HashedColumn):
+            if values.dtype != tf.string:
+                values = tf.strings.as_string(values)
+            return tf.strings.to_hash_bucket_fast(values, base.hash_bucket_size)
+        if self.table is None:
+            # Only a vocabulary-file column whose file is gone gets here.
+            assert isinstance(base, columns_lib.VocabularyFileColumn)
+            columns_lib.read_vocabulary_file(
+                base.vocabulary_file, base.key, base.input_dtype
+            )
+        if values.dtype.is_integer and values.dtype != tf.int64:
+            values = tf.cast(values, tf.int64)
+        return self.table.lookup(values)
