@@ -6,9 +6,10 @@ dependency named after the table and each slot as `<table>/<slot>` (keys
 built here tracks the layers' own variables under exactly those names, so
 `tf.train.Checkpoint(embedding=engine_checkpoint(model))` on CPU and
 `tf.train.Checkpoint(embedding=mid_level_object)` on TPU read and write the
-same checkpoint. For layers built on the TPU engine (`engine.py`), the
-engine's mid-level object holds the tables: `engine_checkpoint` returns it
-(or tracks its variables under the same names next to the layers' own), so a
+same checkpoint. For layers built on the TPU engine
+(`lookup/embedding_core.py`), the engine's mid-level object holds the tables:
+`engine_checkpoint` returns it (or tracks its variables under the same names
+next to the layers' own), so a
 checkpoint written on TPU restores on CPU and the other way round.
 """
 

@@ -1,8 +1,11 @@
 """`TPUEmbeddingLayer` and `SharedTPUEmbedding`: Keras 3 embedding layers.
 
-The layers own the tables and route each column to its lookup backend; the
-math lives in `lookup/` and `optimizers.py`, the update hook in
-`lookup/gradient_trap.py`.
+The layer is the Keras API and routes: at build it decides where each table
+lives for training (`devices.py`) and takes its backends from
+`lookup/registry.py` (its own `LocalTables`, and the TPU system's engine);
+at call it asks each backend for activations (`lookup/backend.py`) and
+assembles the output (`layer_io.py`). The math is in `lookup/` and
+`optimizers/`.
 """
 
 from __future__ import annotations
@@ -53,10 +56,10 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     default device, the dense `tpu_tensor_core` lookup (compiled with XLA),
     or,
     when the layer is built under `TPUStrategy` on a TPU with an embedding
-    engine, the engine itself (`engine.py`): every embedding layer of the
-    model then shares one `tf.tpu.experimental.embedding.TPUEmbedding`
-    (SparseCore TPUs are refused at build), which owns those tables and
-    slots.
+    engine, the engine itself (`lookup/embedding_core.py`): every embedding
+    layer of the model then shares one
+    `tf.tpu.experimental.embedding.TPUEmbedding` (SparseCore TPUs are refused
+    at build), which owns those tables and slots.
     Build and call the layer under the same strategy; the engine path is
     exercised on TPU hardware only (see `examples/tpu_smoke.py`).
 

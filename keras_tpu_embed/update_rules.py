@@ -5,8 +5,8 @@ One embedding step, per table, on each distinct row's summed gradient:
 1. the gradient multiplier: `config.gradient_multiplier_fn(step)`;
 2. `config.clipping_limit`: each gradient element clipped to
    `[-limit, limit]`;
-3. the optimizer's own step (`optimizers.py`): its `clipvalue`, decoupled
-   weight decay, its rule, weight clipping.
+3. the optimizer's own step (`optimizers/row_update.py`): its `clipvalue`,
+   decoupled weight decay, its rule, weight clipping.
 
 The learning rate is the column's `learning_rate_fn(step)` where the column
 has one, else the optimizer's. `step` is the global embedding step (updates
