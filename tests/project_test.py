@@ -17,6 +17,14 @@ def test_readme_starts_with_the_two_commands():
     assert len(commands) == 2
     assert "keras_tpu_embed.demo" in commands[0]
     assert "pytest" in commands[1]
+    # Lint and type checks run before the tests, in the same command.
+    for check in (
+        ".venv/bin/ruff check .",
+        ".venv/bin/ruff format --check .",
+        ".venv/bin/mypy --strict keras_tpu_embed",
+    ):
+        assert check in commands[1]
+        assert commands[1].index(check) < commands[1].index("pytest")
     assert "README.md" in (ROOT / ".ci" / "run").read_text()
 
 
