@@ -1,4 +1,4 @@
-"""`TPUEmbeddingLayer` and `SharedTPUEmbedding`: Keras 3 embedding layers.
+"""`TPUEmbeddingLayer`: the Keras 3 embedding layer, which only routes.
 
 The layer is the Keras API and routes: at build it decides where each table
 lives for training (`devices.py`) and takes its backends from
