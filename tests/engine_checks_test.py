@@ -1,0 +1,77 @@
+"""What the TPU embedding engine would refuse is said first, with the fix."""
+
+import dataclasses
+
+import pytest
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+from keras_tpu_embed.lookup import engine_checks
+
+
+@dataclasses.dataclass
+class Member:
+    name: str
+    input_keys: frozenset
+    features: dict
+
+
+def test_every_layer_must_get_every_engine_feature():
+    users = Member("users", frozenset({"user"}), {"u": ("user", None)})
+    items = Member("items", frozenset({"item", "w"}), {"i": ("item", "w")})
+    with pytest.raises(
+        ValueError, match=r"'users' does not receive \['item', 'w'\]"
+    ):
+        engine_checks.check_every_layer_gets_every_feature([users, items])
+    both = frozenset({"user", "item", "w"})
+    engine_checks.check_every_layer_gets_every_feature(
+        [
+            dataclasses.replace(users, input_keys=both),
+            dataclasses.replace(items, input_keys=both),
+        ]
+    )
+
+
+def test_dense_sequence_ids_are_refused():
+    dense = {"hist": tf.zeros([4, 3], tf.int64)}
+    with pytest.raises(ValueError, match="Sequence feature 'hist'"):
+        engine_checks.check_enqueue_inputs(dense, {"hist"})
+    engine_checks.check_enqueue_inputs(dense, set())
+
+
+def test_batch_size_is_fixed_by_the_first_step():
+    step = {"a": tf.zeros([8]), "b": tf.zeros([8, 1])}
+    assert engine_checks.check_batch_size(step, None) == 8
+    assert engine_checks.check_batch_size(step, 8) == 8
+    with pytest.raises(ValueError, match="per-replica batch of 8"):
+        engine_checks.check_batch_size({"a": tf.zeros([5])}, 8)
+    with pytest.raises(ValueError, match="different batch sizes"):
+        engine_checks.check_batch_size(
+            {"a": tf.zeros([8]), "b": tf.zeros([4])}, None
+        )
+
+
+def test_activation_shapes_must_match_the_layer():
+    table = tf.tpu.experimental.embedding.TableConfig(10, 4, name="t")
+    configs = {
+        "x": tf.tpu.experimental.embedding.FeatureConfig(table),
+        "s": tf.tpu.experimental.embedding.FeatureConfig(
+            table, max_sequence_length=3
+        ),
+    }
+    good = {"x": tf.zeros([2, 4]), "s": tf.zeros([2, 3, 4])}
+    engine_checks.check_activation_shapes(good, configs)
+    with pytest.raises(ValueError, match="feature 'x'"):
+        engine_checks.check_activation_shapes(
+            dict(good, x=tf.zeros([2, 1, 4])), configs
+        )
+
+
+def test_sparse_core_refusal_names_columns_and_what_works():
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 10), 4
+    )
+    with pytest.raises(RuntimeError) as raised:
+        engine_checks.refuse_sparse_core("embed", [column])
+    message = str(raised.value)
+    assert "item_embedding" in message and "tpu_tensor_core" in message
