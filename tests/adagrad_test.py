@@ -40,25 +40,10 @@ def test_adagrad_update_by_hand():
 
 
 @pytest.mark.parametrize(
-    "optimizer",
-    [
-        kte.optimizers.Adagrad(0.4, initial_accumulator_value=0.2),
-        kte.optimizers.AdagradMomentum(
-            0.2, momentum=0.8, exponent=2.0, epsilon=1e-3
-        ),
-        kte.optimizers.AdagradMomentum(
-            0.2,
-            momentum=0.5,
-            use_nesterov=True,
-            exponent=3.0,
-            beta2=0.9,
-            epsilon=1e-2,
-        ),
-    ],
-    ids=["adagrad", "momentum", "nesterov_beta2"],
+    "name", ["adagrad", "adagrad_momentum", "adagrad_momentum_nesterov"]
 )
-def test_update_matches_numpy(optimizer):
-    testing.assert_update_matches_numpy(optimizer)
+def test_update_matches_numpy(name):
+    testing.assert_update_matches_numpy(testing.OPTIMIZER_CASES[name])
 
 
 def test_slots_and_zero_gradients():

@@ -46,17 +46,9 @@ def test_lazy_adam_leaves_untouched_rows_and_dense_adam_moves_them():
         assert set(np.where(second)[0]) == expected, (lazy, second)
 
 
-@pytest.mark.parametrize("sum_inside_sqrt", [True, False])
-def test_update_matches_numpy(sum_inside_sqrt):
-    testing.assert_update_matches_numpy(
-        kte.optimizers.Adam(
-            0.1,
-            beta_1=0.8,
-            beta_2=0.95,
-            epsilon=1e-2,
-            sum_inside_sqrt=sum_inside_sqrt,
-        )
-    )
+@pytest.mark.parametrize("name", ["adam", "adam_outside_sqrt", "adam_dense"])
+def test_update_matches_numpy(name):
+    testing.assert_update_matches_numpy(testing.OPTIMIZER_CASES[name])
 
 
 def test_only_dense_adam_updates_every_row():

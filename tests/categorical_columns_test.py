@@ -34,33 +34,30 @@ def test_each_factory_builds_its_spec(tmp_path):
 def test_sequence_factories_build_the_sequence_form(tmp_path):
     path = tmp_path / "v.txt"
     path.write_text("a\nb\n")
-    pairs = [
+    factories = [
         (
-            kte.sequence_categorical_column_with_identity("i", 3, 1),
-            kte.categorical_column_with_identity("i", 3, 1),
+            kte.sequence_categorical_column_with_identity,
+            kte.categorical_column_with_identity,
+            ("i", 3, 1),
         ),
         (
-            kte.sequence_categorical_column_with_vocabulary_list(
-                "l", ["x", "y"], num_oov_buckets=2
-            ),
-            kte.categorical_column_with_vocabulary_list(
-                "l", ["x", "y"], num_oov_buckets=2
-            ),
+            kte.sequence_categorical_column_with_vocabulary_list,
+            kte.categorical_column_with_vocabulary_list,
+            ("l", ["x", "y"], None, -1, 2),
         ),
         (
-            kte.sequence_categorical_column_with_vocabulary_file(
-                "f", str(path), num_oov_buckets=1
-            ),
-            kte.categorical_column_with_vocabulary_file(
-                "f", str(path), num_oov_buckets=1
-            ),
+            kte.sequence_categorical_column_with_vocabulary_file,
+            kte.categorical_column_with_vocabulary_file,
+            ("f", str(path), None, 1),
         ),
         (
-            kte.sequence_categorical_column_with_hash_bucket("h", 4, "int64"),
-            kte.categorical_column_with_hash_bucket("h", 4, "int64"),
+            kte.sequence_categorical_column_with_hash_bucket,
+            kte.categorical_column_with_hash_bucket,
+            ("h", 4, "int64"),
         ),
     ]
-    for sequence, flat in pairs:
+    for sequence_factory, flat_factory, arguments in factories:
+        sequence, flat = sequence_factory(*arguments), flat_factory(*arguments)
         assert sequence.is_sequence and not flat.is_sequence
         assert sequence.get_config() == dict(
             flat.get_config(), is_sequence=True

@@ -26,18 +26,9 @@ def test_invalid_arguments(build, message):
         build()
 
 
-@pytest.mark.parametrize("linear_by_learning_rate", [False, True])
-def test_update_matches_numpy(linear_by_learning_rate):
-    testing.assert_update_matches_numpy(
-        kte.optimizers.FTRL(
-            0.5,
-            learning_rate_power=-0.7,
-            l1_regularization_strength=0.02,
-            l2_regularization_strength=0.05,
-            beta=0.3,
-            multiply_linear_by_learning_rate=linear_by_learning_rate,
-        )
-    )
+@pytest.mark.parametrize("name", ["ftrl", "ftrl_linear_by_lr"])
+def test_update_matches_numpy(name):
+    testing.assert_update_matches_numpy(testing.OPTIMIZER_CASES[name])
 
 
 @pytest.mark.parametrize("linear_by_learning_rate", [False, True])

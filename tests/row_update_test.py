@@ -74,17 +74,22 @@ def _table(optimizer, rows=5, dim=2, value=1.0):
     return table, slots
 
 
-def test_only_the_given_rows_change():
-    optimizer = kte.optimizers.Adagrad(0.5, initial_accumulator_value=1.0)
-    table, slots = _table(optimizer)
-    apply_update(
+def _apply(optimizer, table, slots, ids, gradient, learning_rate, **kwargs):
+    return apply_update(
         optimizer,
         table,
         slots,
-        unique_ids=tf.constant([1, 3], tf.int64),
-        gradient=tf.constant([[1.0, 1.0], [2.0, 2.0]]),
-        learning_rate=0.5,
+        unique_ids=tf.constant(ids, tf.int64),
+        gradient=tf.convert_to_tensor(gradient, tf.float32),
+        learning_rate=learning_rate,
+        **kwargs,
     )
+
+
+def test_only_the_given_rows_change():
+    optimizer = kte.optimizers.Adagrad(0.5, initial_accumulator_value=1.0)
+    table, slots = _table(optimizer)
+    _apply(optimizer, table, slots, [1, 3], [[1.0, 1.0], [2.0, 2.0]], 0.5)
     changed = np.where(np.any(table.numpy() != 1.0, axis=1))[0]
     np.testing.assert_array_equal(changed, [1, 3])
     np.testing.assert_allclose(
@@ -111,14 +116,7 @@ def test_clip_gradient_then_decay_then_rule_then_clip_weights(
         clip_weight_max=2.0,
     )
     table = tf.Variable([[1.0], [2.0]])
-    apply_update(
-        optimizer,
-        table,
-        {},
-        unique_ids=tf.constant([0, 1], tf.int64),
-        gradient=tf.constant([[2.0], [-2.0]]),
-        learning_rate=learning_rate,
-    )
+    _apply(optimizer, table, {}, [0, 1], [[2.0], [-2.0]], learning_rate)
     np.testing.assert_allclose(table.numpy()[:, 0], want, rtol=1e-6)
 
 
@@ -127,13 +125,13 @@ def test_guard_skips_a_step_that_would_move_rows(guard):
     """FTRL moves a row on a zero gradient; a false guard skips the step."""
     optimizer = kte.optimizers.FTRL(0.5, l1_regularization_strength=0.1)
     table, slots = _table(optimizer)
-    apply_update(
+    _apply(
         optimizer,
         table,
         slots,
-        unique_ids=tf.constant([2], tf.int64),
-        gradient=tf.zeros([1, 2]),
-        learning_rate=0.5,
+        [2],
+        tf.zeros([1, 2]),
+        0.5,
         guard=tf.constant(guard),
     )
     moved = np.any(table.numpy() != 1.0, axis=1)
@@ -144,22 +142,15 @@ def test_dense_rules_sum_repeated_ids():
     optimizer = kte.optimizers.Adam(0.1, lazy_adam=False)
     gradients = tf.constant([[0.5, -1.0], [0.25, 2.0]])
     repeated, repeated_slots = _table(optimizer)
-    apply_update(
-        optimizer,
-        repeated,
-        repeated_slots,
-        unique_ids=tf.constant([2, 2], tf.int64),
-        gradient=gradients,
-        learning_rate=0.1,
-    )
+    _apply(optimizer, repeated, repeated_slots, [2, 2], gradients, 0.1)
     summed, summed_slots = _table(optimizer)
-    apply_update(
+    _apply(
         optimizer,
         summed,
         summed_slots,
-        unique_ids=tf.constant([2], tf.int64),
-        gradient=tf.reduce_sum(gradients, axis=0, keepdims=True),
-        learning_rate=0.1,
+        [2],
+        tf.reduce_sum(gradients, axis=0, keepdims=True),
+        0.1,
     )
     np.testing.assert_allclose(repeated.numpy(), summed.numpy(), rtol=1e-6)
     for name, variable in summed_slots.items():

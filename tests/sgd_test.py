@@ -19,7 +19,7 @@ def test_update_subtracts_learning_rate_times_gradient():
 
 
 def test_update_matches_numpy():
-    testing.assert_update_matches_numpy(kte.optimizers.SGD(0.3))
+    testing.assert_update_matches_numpy(testing.OPTIMIZER_CASES["sgd"])
 
 
 def test_no_slots_and_a_zero_gradient_changes_nothing():
