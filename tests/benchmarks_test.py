@@ -9,10 +9,10 @@ written.
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
+
+from tests import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,22 +42,17 @@ EXPECTED = {
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("benchmarks")
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "run.py"),
-            "--quick",
-            "--rounds",
-            "1",
-            "--steps",
-            "1",
-            "--out",
-            str(out),
-        ],
+    done = testing.run_python(
+        os.path.join(ROOT, "benchmarks", "run.py"),
+        "--quick",
+        "--rounds",
+        "1",
+        "--steps",
+        "1",
+        "--out",
+        str(out),
         cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -2,14 +2,18 @@
 
 The mid-level object builds on CPU with the variable layout it has on TPU;
 a checkpoint written from our layers must restore into it (every table and
-slot), and one written from it must restore into our layers.
+slot), and one written from it must restore into our layers. Restoring
+and validating tables fails loudly, naming what is wrong.
 """
+
+import glob
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from tests import testing
 
 OPTIMIZERS = {
     "adagrad": kte.optimizers.Adagrad(0.3),
@@ -139,3 +143,92 @@ def test_engine_checkpoint_refuses_duplicate_and_unbuilt_tables():
     twin.build()
     with pytest.raises(ValueError, match="Table 'user' is held by both"):
         kte.engine_checkpoint([first, twin])
+
+
+# Restoring and validating tables, with errors naming what is wrong.
+
+
+def _item_layer(key="item", dimension=4):
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity(key, 10), dimension
+    )
+    layer = kte.TPUEmbeddingLayer(
+        [column],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1)),
+    )
+    layer.build()
+    return layer
+
+
+def _save(layer, path):
+    checkpoint = tf.train.Checkpoint(embedding=kte.engine_checkpoint(layer))
+    return checkpoint.save(str(path))
+
+
+def test_restore_tables_round_trip(tmp_path):
+    source, target = _item_layer(), _item_layer()
+    path = _save(source, tmp_path / "ck")
+    kte.restore_tables(target, path)
+    np.testing.assert_array_equal(
+        target.table_variable("item").numpy(),
+        source.table_variable("item").numpy(),
+    )
+
+
+@pytest.mark.parametrize("how", ["write", "save"])
+def test_restore_tables_reads_write_and_save_checkpoints(tmp_path, how):
+    """`write` keeps no save counter; that is no reason to call it corrupt."""
+    source, target = _item_layer(), _item_layer()
+    source.table_variable("item").assign(
+        np.arange(40, dtype="float32").reshape(10, 4)
+    )
+    source.slot_variables("item")["accumulators"].assign(
+        np.full((10, 4), 0.5, "float32")
+    )
+    checkpoint = tf.train.Checkpoint(embedding=kte.engine_checkpoint(source))
+    path = getattr(checkpoint, how)(str(tmp_path / "ck"))
+    kte.restore_tables(target, path)
+    np.testing.assert_array_equal(
+        target.table_variable("item").numpy(),
+        source.table_variable("item").numpy(),
+    )
+    np.testing.assert_array_equal(
+        target.slot_variables("item")["accumulators"].numpy(),
+        np.full((10, 4), 0.5, "float32"),
+    )
+    # Real damage is still named as such, for both kinds of checkpoint.
+    data = glob.glob(path + ".data-*")[0]
+    testing.flip_byte(data, 16)
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        kte.restore_tables(_item_layer(), path)
+
+
+def test_renamed_table_is_named(tmp_path):
+    path = _save(_item_layer("product"), tmp_path / "ck")
+    with pytest.raises(ValueError, match=r"table 'item' is missing.*'product'"):
+        kte.restore_tables(_item_layer("item"), path)
+
+
+def test_reshaped_table_names_both_shapes(tmp_path):
+    path = _save(_item_layer(dimension=4), tmp_path / "ck")
+    with pytest.raises(
+        ValueError,
+        match=r"shape \[10, 4\] in the checkpoint "
+        r"but \[10, 8\] in the model",
+    ):
+        kte.restore_tables(_item_layer(dimension=8), path)
+
+
+def test_corrupt_checkpoint_names_the_file(tmp_path):
+    path = _save(_item_layer(), tmp_path / "ck")
+    data = glob.glob(path + ".data-*")[0]
+    testing.flip_byte(data, 16)
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        kte.restore_tables(_item_layer(), path)
+
+
+def test_validate_tables_reports_non_finite_rows():
+    layer = _item_layer()
+    assert kte.validate_tables(layer) == {}
+    layer.table_variable("item")[7, 1].assign(float("inf"))
+    assert kte.validate_tables(layer) == {"item": [7]}

@@ -8,8 +8,6 @@ conversion. Every column kind, combiner and input form must agree to 1e-6.
 """
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from tests import reference_cases as cases
+from tests import testing
 
 pytestmark = pytest.mark.filterwarnings("ignore:FeaturePreprocessor ignores")
 
@@ -28,18 +27,13 @@ FORMS = ("ragged", "sparse", "dense")
 def reference(tmp_path_factory):
     work = tmp_path_factory.mktemp("legacy")
     output = work / "reference.npz"
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
-    completed = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(HERE, "legacy_reference.py"),
-            str(work),
-            str(output),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
+    completed = testing.run_python(
+        os.path.join(HERE, "legacy_reference.py"),
+        str(work),
+        str(output),
         timeout=600,
+        TF_USE_LEGACY_KERAS="1",
+        TF_CPP_MIN_LOG_LEVEL="3",
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
     values = dict(np.load(output))

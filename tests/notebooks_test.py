@@ -7,10 +7,10 @@ in any cell fails the test. Outputs are stripped in the repository.
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from tests import testing
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
 CPU_NOTEBOOKS = [
@@ -47,13 +47,7 @@ def test_notebook_runs(name, tmp_path):
     """Every code cell runs; in the TPU notebook, all but those tagged tpu."""
     script = tmp_path / "notebook.py"
     script.write_text(_script(NOTEBOOKS / name))
-    completed = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    completed = testing.run_python(str(script), timeout=600, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-4000:]
 
 

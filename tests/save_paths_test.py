@@ -10,11 +10,8 @@ for bit, and one more training step must give the same state on both sides.
 """
 
 import json
-import os
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -23,6 +20,7 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from tests import state_models
+from tests import testing
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -162,12 +160,13 @@ def test_every_save_path_restores_in_a_fresh_process(tmp_path, optimizer):
     # The .keras files must carry the vocabulary themselves.
     shutil.rmtree(vocabulary.parent)
 
-    result = subprocess.run(
-        [sys.executable, "-c", RESTORE_SCRIPT, str(ROOT), json.dumps(paths)],
-        capture_output=True,
-        text=True,
+    result = testing.run_python(
+        "-c",
+        RESTORE_SCRIPT,
+        str(ROOT),
+        json.dumps(paths),
         timeout=600,
-        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+        KERAS_BACKEND="tensorflow",
     )
     lines = [x for x in result.stdout.splitlines() if x.startswith("REPORT ")]
     assert result.returncode == 0 and lines, result.stderr[-4000:]

@@ -1,9 +1,6 @@
 """The serving switch: cpu and tensor-core exports, tf.Example input, size."""
 
-import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -11,19 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-
-SERVE = """
-import json, sys
-import numpy as np
-import tensorflow as tf
-serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-raw = json.loads(sys.argv[2])
-feeds = {
-    k: tf.constant(v["value"], getattr(tf, v["dtype"])) for k, v in raw.items()
-}
-score = serve(**feeds)["score"].numpy().astype(np.float64)
-print(json.dumps(score.tolist()))
-"""
+from tests import testing
 
 RAW = {
     "country": {
@@ -46,10 +31,7 @@ RAW = {
 
 
 def _feeds():
-    return {
-        k: tf.constant(v["value"], getattr(tf, v["dtype"]))
-        for k, v in RAW.items()
-    }
+    return testing.feeds(RAW)
 
 
 def _model(serving_lookup_device=None, column_device=None):
@@ -94,23 +76,12 @@ def _model(serving_lookup_device=None, column_device=None):
     )
     model = keras.Model(inputs, keras.layers.Dense(1, name="score")(x))
     model.compile("adam", "mse")
-    data = tf.data.Dataset.from_tensors((_feeds(), tf.ones([3, 1]))).map(
-        lambda x, y: (pre(x), y)
-    )
-    model.fit(data, epochs=2, verbose=0)
+    testing.fit_on_raw(model, pre, _feeds())
     return pre, model
 
 
 def _fresh_process(path):
-    completed = subprocess.run(
-        [sys.executable, "-c", SERVE, path, json.dumps(RAW)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return np.array(json.loads(completed.stdout.strip().splitlines()[-1]))
+    return testing.serve_in_fresh_process(path, RAW)["score"]
 
 
 def _uses_xla(path):
@@ -206,12 +177,7 @@ def test_saved_model_holds_tables_once_and_no_slots(tmp_path):
     pre, model = _model()
     path = kte.export_saved_model(model, str(tmp_path / "e"), pre)
     serving_bytes = sum(
-        int(np.prod(w.shape)) * 4
-        for w in model.weights
-        if not any(
-            t in w.path
-            for t in ("accumulators", "embedding_step", "table_update_trigger")
-        )
+        int(np.prod(w.shape)) * 4 for w in testing.serving_weights(model)
     )
     variables = os.path.join(path, "variables")
     saved_bytes = sum(

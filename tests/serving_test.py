@@ -1,10 +1,7 @@
 """Serving export: fresh-process reload, bit for bit, assets, no slots."""
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -12,29 +9,15 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-
-# Loads the SavedModel with TensorFlow only and prints the outputs as JSON.
-SERVE_SCRIPT = """
-import json, sys
-import numpy as np
-import pytest
-import tensorflow as tf
-assert "keras_tpu_embed" not in sys.modules
-serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-raw = json.loads(sys.argv[2])
-feeds = {
-    k: tf.constant(v["value"], getattr(tf, v["dtype"])) for k, v in raw.items()
-}
-out = serve(**feeds)
-print(json.dumps({k: v.numpy().astype(np.float64).tolist()
-                  for k, v in out.items()}))
-assert "keras_tpu_embed" not in sys.modules
-"""
+from tests import testing
 
 
-def _build(vocabulary_file):
+def _build(tmp_path):
+    """The vocabulary file `tmp_path/users.txt`, the preprocessor, the model."""
+    vocabulary = tmp_path / "users.txt"
+    vocabulary.write_text("u1\nu2\nu3\n")
     user = kte.categorical_column_with_vocabulary_file(
-        "user", vocabulary_file, num_oov_buckets=1
+        "user", str(vocabulary), num_oov_buckets=1
     )
     tags = kte.weighted_categorical_column(
         kte.categorical_column_with_hash_bucket("tags", 20), "tag_w"
@@ -62,7 +45,7 @@ def _build(vocabulary_file):
     )
     model = keras.Model(inputs, keras.layers.Dense(1, name="score")(x))
     model.compile("adam", "mse")
-    return pre, model
+    return vocabulary, pre, model
 
 
 RAW = {
@@ -81,20 +64,12 @@ RAW = {
 
 
 def _feeds():
-    return {
-        k: tf.constant(v["value"], getattr(tf, v["dtype"]))
-        for k, v in RAW.items()
-    }
+    return testing.feeds(RAW)
 
 
 def test_export_reload_in_fresh_process(tmp_path):
-    vocabulary = tmp_path / "users.txt"
-    vocabulary.write_text("u1\nu2\nu3\n")
-    pre, model = _build(str(vocabulary))
-    data = tf.data.Dataset.from_tensors((_feeds(), tf.ones([3, 1]))).map(
-        lambda x, y: (pre(x), y)
-    )
-    model.fit(data, epochs=2, verbose=0)
+    vocabulary, pre, model = _build(tmp_path)
+    testing.fit_on_raw(model, pre, _feeds())
     eager = model(pre(_feeds()), training=False).numpy()
 
     export = str(tmp_path / "export")
@@ -110,24 +85,12 @@ def test_export_reload_in_fresh_process(tmp_path):
     vocabulary.write_text("u3\nu2\nu1\n")
     moved = tmp_path / "moved"
     shutil.move(export, moved)
-    completed = subprocess.run(
-        [sys.executable, "-c", SERVE_SCRIPT, str(moved), json.dumps(RAW)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    fresh = np.array(
-        json.loads(completed.stdout.strip().splitlines()[-1])["score"]
-    )
+    fresh = testing.serve_in_fresh_process(moved, RAW)["score"]
     np.testing.assert_array_equal(fresh.astype(np.float32), in_process)
 
 
 def test_export_holds_tables_not_slots(tmp_path):
-    vocabulary = tmp_path / "users.txt"
-    vocabulary.write_text("u1\nu2\nu3\n")
-    pre, model = _build(str(vocabulary))
+    _, pre, model = _build(tmp_path)
     model(pre(_feeds()))
     export = str(tmp_path / "export")
     kte.export_saved_model(model, export, preprocessor=pre)
@@ -136,22 +99,13 @@ def test_export_holds_tables_not_slots(tmp_path):
     )
     saved = reader.get_variable_to_shape_map()
     shapes = sorted(tuple(s) for k, s in saved.items() if "VARIABLE_VALUE" in k)
-    expected = sorted(
-        tuple(w.shape)
-        for w in model.weights
-        if not any(
-            t in w.path
-            for t in ("accumulators", "embedding_step", "table_update_trigger")
-        )
-    )
+    expected = sorted(tuple(w.shape) for w in testing.serving_weights(model))
     assert shapes == expected
     assert os.path.exists(os.path.join(export, "assets", "users.txt"))
 
 
 def test_serving_signature_names_raw_features(tmp_path):
-    vocabulary = tmp_path / "users.txt"
-    vocabulary.write_text("u1\nu2\nu3\n")
-    pre, model = _build(str(vocabulary))
+    _, pre, model = _build(tmp_path)
     export = kte.export_saved_model(
         model, str(tmp_path / "e"), preprocessor=pre
     )
@@ -167,9 +121,7 @@ def test_serving_signature_names_raw_features(tmp_path):
 
 def test_serve_casts_integer_ids_of_any_width(tmp_path):
     """The int64 signature refused int32 ids with TF's generic error."""
-    vocabulary = tmp_path / "users.txt"
-    vocabulary.write_text("u1\nu2\nu3\n")
-    pre, model = _build(str(vocabulary))
+    _, pre, model = _build(tmp_path)
     export = kte.export_saved_model(
         model, str(tmp_path / "e"), preprocessor=pre
     )

@@ -1,11 +1,8 @@
 """Vocabulary files travel inside `.keras` archives."""
 
 import json
-import os
 import pathlib
 import shutil
-import subprocess
-import sys
 import zipfile
 
 import keras
@@ -14,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from tests import testing
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -51,18 +49,12 @@ def test_keras_file_predicts_in_a_fresh_process_with_the_file_gone(tmp_path):
     model.save(tmp_path / "model.keras")
     shutil.rmtree(vocabulary.parent)
 
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            PREDICT_SCRIPT,
-            str(tmp_path / "model.keras"),
-            json.dumps(rows),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, KERAS_BACKEND="tensorflow"),
+    result = testing.run_python(
+        "-c",
+        PREDICT_SCRIPT,
+        str(tmp_path / "model.keras"),
+        json.dumps(rows),
+        KERAS_BACKEND="tensorflow",
     )
     lines = [x for x in result.stdout.splitlines() if "PREDICTIONS " in x]
     assert result.returncode == 0 and lines, result.stderr[-3000:]

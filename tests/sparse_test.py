@@ -1,4 +1,6 @@
-"""Sparse, ragged and -1-padded dense inputs agree, against numpy.
+"""The sparse lookup: every input form against numpy, and its pieces.
+
+Sparse, ragged and -1-padded dense inputs agree, against numpy.
 
 A property test over random batches: empty rows, repeated ids, weights
 (including zero and negative), every combiner, pooled and sequence columns,
@@ -6,12 +8,16 @@ safe and unsafe lookup.
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
 import keras_tpu_embed as kte
+from keras_tpu_embed.ids import to_id_batch
+from keras_tpu_embed.lookup import sparse
+from tests import testing
 
 VOCAB, DIM = 7, 2
 TABLE = np.random.default_rng(0).normal(size=(VOCAB, DIM)).astype(np.float32)
@@ -27,40 +33,6 @@ rows = st.lists(
     min_size=0,
     max_size=6,
 )
-
-
-def numpy_reference(batch, combiner, safe, sequence_length):
-    out = (
-        np.zeros((len(batch), sequence_length, DIM))
-        if sequence_length
-        else np.zeros((len(batch), DIM))
-    )
-    for r, row in enumerate(batch):
-        if sequence_length:
-            for p, (i, w) in enumerate(row[:sequence_length]):
-                if safe and combiner != "sum" and w <= 0:
-                    continue
-                scale = {
-                    "sum": w,
-                    "mean": 1.0 if w else 0.0,
-                    "sqrtn": float(np.sign(w)),
-                }[combiner]
-                out[r, p] = scale * TABLE[i]
-            continue
-        pairs = [
-            (i, w)
-            for i, w in row
-            if not (safe and combiner != "sum" and w <= 0)
-        ]
-        total = sum((w * TABLE[i] for i, w in pairs), np.zeros(DIM))
-        if combiner == "mean":
-            denom = sum(w for _, w in pairs)
-        elif combiner == "sqrtn":
-            denom = np.sqrt(sum(w * w for _, w in pairs))
-        else:
-            denom = 1.0
-        out[r] = total / denom if denom else 0.0
-    return out
 
 
 def forms(batch):
@@ -112,8 +84,42 @@ def test_input_forms_agree_with_numpy(batch, combiner, safe, sequence_length):
     layer = kte.TPUEmbeddingLayer([column])
     layer.build()
     layer.table_variable("x_weighted_by_w").assign(TABLE)
-    want = numpy_reference(batch, combiner, safe, sequence_length)
+    want = testing.numpy_lookup(TABLE, batch, combiner, safe, sequence_length)
     for form, (ids, weights) in forms(batch).items():
         got = layer({"x": ids, "w": weights})[column.name].numpy()
         assert got.shape == want.shape, form
         np.testing.assert_allclose(got, want, atol=1e-5, err_msg=form)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_combine_matches_numpy(combiner, weighted):
+    batch = [[(1, 2.0), (1, 0.5), (4, 1.0)], [], [(6, 3.0)]]
+    ids = [i for row in batch for i, _ in row]
+    weights = [w if weighted else 1.0 for row in batch for _, w in row]
+    segments = [r for r, row in enumerate(batch) for _ in row]
+    got = sparse.combine(
+        tf.gather(TABLE, ids),
+        tf.constant(weights) if weighted else None,
+        tf.constant(segments),
+        len(batch),
+        combiner,
+    )
+    pairs = [[(i, w if weighted else 1.0) for i, w in row] for row in batch]
+    want = testing.numpy_lookup(TABLE, pairs, combiner, False, 0)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_distinct_ids_and_their_index():
+    ids = tf.constant([5, 3, 5, 2**20, 3], tf.int64)
+    for vocabulary_size in (2**21, 2**40):
+        unique, index = sparse.distinct(ids, vocabulary_size)
+        assert unique.dtype == tf.int64 and index.dtype == tf.int32
+        np.testing.assert_array_equal(unique, [5, 3, 2**20])
+        np.testing.assert_array_equal(index, [0, 1, 0, 2, 1])
+
+
+def test_sequence_lengths_count_to_the_last_entry_and_clip():
+    ragged = tf.ragged.constant([[1, -5, 2, 3], [], [-1, 4]], dtype=tf.int64)
+    batch = to_id_batch("x", ragged)
+    np.testing.assert_array_equal(sparse.sequence_lengths(batch, 3), [3, 0, 2])

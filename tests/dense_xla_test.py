@@ -1,4 +1,5 @@
-"""The tensor-core path: XLA compilation and equality with the host path."""
+"""The dense XLA lookup (tensor core): XLA compilation, equality with the
+host path, and its static-shape pieces."""
 
 import keras
 import numpy as np
@@ -6,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from keras_tpu_embed.lookup import dense_xla
 
 VOCAB, DIM, WIDTH = 12, 3, 4
 
@@ -243,3 +245,31 @@ def test_sequence_columns_use_max_sequence_length_as_width(shared):
     for name in want:
         assert got[name].shape[1] == (3 if "recent" in name else 5)
         np.testing.assert_allclose(got[name], want[name], atol=1e-6)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_summed_duplicates_give_each_entry_its_rows_total(jit_compile):
+    ids = tf.constant([4, 1, 4, 7, 1, 2], tf.int64)
+    gradients = tf.constant([[1.0], [2.0], [3.0], [4.0], [5.0], [6.0]])
+    kept = tf.constant([True, True, True, False, True, False])
+    run = tf.function(dense_xla.summed_duplicates, jit_compile=jit_compile)
+    rows, totals, any_kept = run(ids, gradients, kept, 8)
+    # Entries not kept go to the first kept row (4) with nothing to add.
+    np.testing.assert_array_equal(rows, [4, 1, 4, 4, 1, 4])
+    np.testing.assert_array_equal(totals[:, 0], [4.0, 7.0, 4.0, 4.0, 7.0, 4.0])
+    assert bool(any_kept)
+    _, _, none_kept = run(ids, gradients, tf.zeros([6], tf.bool), 8)
+    assert not bool(none_kept)
+
+
+def test_entry_factors_prune_like_the_sparse_lookup():
+    ids = tf.constant([[1, -1, 2, 3]])
+    weights = tf.constant([[2.0, 5.0, 0.0, -1.0]])
+    kept, factors = dense_xla.entry_factors(ids, weights, "mean", safe=True)
+    np.testing.assert_array_equal(kept, [[True, False, False, False]])
+    np.testing.assert_array_equal(factors, [[2.0, 0.0, 0.0, 0.0]])
+    kept, factors = dense_xla.entry_factors(ids, weights, "sum", safe=True)
+    np.testing.assert_array_equal(kept, [[True, False, True, True]])
+    np.testing.assert_array_equal(factors, [[2.0, 0.0, 0.0, -1.0]])
+    _, ones = dense_xla.entry_factors(ids, None, "sqrtn", safe=False)
+    np.testing.assert_array_equal(ones, [[1.0, 0.0, 1.0, 1.0]])

@@ -1,0 +1,60 @@
+"""The protocol between a layer and the places its tables live."""
+
+import dataclasses
+import inspect
+
+import keras
+import pytest
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+from keras_tpu_embed.devices import LookupDevice
+from keras_tpu_embed.lookup import backend
+from keras_tpu_embed.lookup.local_tables import LocalTables
+from keras_tpu_embed.tables import group_into_tables
+from tests import testing
+
+
+def test_local_tables_have_the_protocols_signature():
+    ours = inspect.signature(LocalTables.activations)
+    protocol = inspect.signature(backend.TableBackend.activations)
+    assert list(ours.parameters) == list(protocol.parameters)
+    assert ours.return_annotation == protocol.return_annotation
+
+
+def test_local_tables_answer_activations_for_every_column():
+    sequence = kte.embedding_column(
+        kte.sequence_categorical_column_with_identity("s", 5),
+        2,
+        max_sequence_length=2,
+    )
+    columns = [testing.identity_column("a"), testing.identity_column("b")]
+    columns.append(sequence)
+    tables: backend.TableBackend = LocalTables(
+        group_into_tables(columns), kte.EmbeddingConfig(), True
+    )
+    tables.create_variables(keras.layers.Layer())
+    phase = backend.Phase(
+        training=False,
+        serving=False,
+        devices={name: LookupDevice.CPU for name in tables.table_names},
+    )
+    features = {
+        "a": tf.constant([[1], [2]]),
+        "b": tf.constant([[3, 4], [-1, -1]]),
+        "s": tf.constant([[1, 2, 3], [4, -1, -1]]),
+    }
+    answer = tables.activations(features, phase)
+    assert isinstance(answer, backend.Activations)
+    assert sorted(answer.values) == sorted(c.name for c in columns)
+    assert answer.values["a_embedding"].shape == (2, testing.DIM)
+    assert answer.values["s_embedding"].shape == (2, 2, 2)
+    assert list(answer.lengths) == ["s_embedding"]
+
+
+def test_phase_and_activations_are_frozen_values():
+    phase = backend.Phase(training=True, serving=False, devices={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        phase.training = False
+    first, second = backend.Activations(values={}), backend.Activations({})
+    assert first.lengths == {} and first.lengths is not second.lengths

@@ -1,0 +1,61 @@
+"""`tf.feature_column` categorical columns become ours."""
+
+import pytest
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+from keras_tpu_embed import columns as column_conversion
+
+
+def test_unsupported_tf_column_is_a_type_error():
+    crossed = tf.feature_column.crossed_column(["a", "b"], 10)
+    with pytest.raises(TypeError, match="CrossedColumn"):
+        column_conversion.to_categorical_column(crossed)
+
+
+def test_every_supported_kind_converts(tmp_path):
+    fc = tf.feature_column
+    path = tmp_path / "v.txt"
+    path.write_text("a\nb\nc\n")
+    pairs = [
+        (
+            fc.categorical_column_with_identity("i", 5, default_value=2),
+            kte.categorical_column_with_identity("i", 5, default_value=2),
+        ),
+        (
+            fc.categorical_column_with_vocabulary_list(
+                "l", ["x", "y"], num_oov_buckets=3
+            ),
+            kte.categorical_column_with_vocabulary_list(
+                "l", ["x", "y"], num_oov_buckets=3
+            ),
+        ),
+        (
+            fc.categorical_column_with_vocabulary_file(
+                "f", str(path), vocabulary_size=2
+            ),
+            kte.categorical_column_with_vocabulary_file(
+                "f", str(path), vocabulary_size=2
+            ),
+        ),
+        (
+            fc.categorical_column_with_hash_bucket("h", 7, dtype=tf.int64),
+            kte.categorical_column_with_hash_bucket("h", 7, dtype="int64"),
+        ),
+        (
+            fc.sequence_categorical_column_with_identity("s", 4),
+            kte.sequence_categorical_column_with_identity("s", 4),
+        ),
+        (
+            fc.weighted_categorical_column(
+                fc.categorical_column_with_identity("w", 4), "ww"
+            ),
+            kte.weighted_categorical_column(
+                kte.categorical_column_with_identity("w", 4), "ww"
+            ),
+        ),
+    ]
+    for theirs, ours in pairs:
+        assert column_conversion.to_categorical_column(theirs) == ours
+    # Ours pass through.
+    assert column_conversion.to_categorical_column(ours) is ours
