@@ -24,7 +24,9 @@ TESTS = pathlib.Path(__file__).parent
 CROSS_CUTTING = {
     "benchmarks",  # benchmarks/run.py end to end
     "concurrency",  # a served model under many threads
+    "engine_stand_in",  # the TPU stand-in answers as TensorFlow does
     "examples",  # examples/ scripts
+    "install",  # the install extras resolve (pip --dry-run)
     "legacy_reference",  # numerics against tf_keras DenseFeatures
     "notebooks",  # notebooks/ executed
     "project",  # README, CI, import errors

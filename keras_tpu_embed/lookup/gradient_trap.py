@@ -28,17 +28,20 @@ ApplyGradients = Callable[[list[Tensor]], Tensor]
 
 
 def trap_gradients(
-    produce: Callable[[], Sequence[Tensor]],
-    trap_variables: Sequence[Tensor],
+    trapped: Sequence[Tensor] | Callable[[], Sequence[Tensor]],
+    trap_variables: Tensor | Sequence[Tensor],
     apply_gradients: ApplyGradients,
 ) -> list[Tensor]:
-    """Returns `produce()`; their gradients go to `apply_gradients`.
+    """Returns the trapped tensors; their gradients go to `apply_gradients`.
 
     Args:
-        produce: Makes the trapped tensors (e.g. gathered rows, or the
-            engine's dequeued activations), called inside the trap.
-        trap_variables: Values of scalar trainable variables. They are the
-            trap's inputs, so that the tape reaches it; each gets zero.
+        trapped: The tensors to trap: either given (gathered rows: they
+            pass through unchanged and get a zero gradient themselves), or
+            a function that makes them inside the trap (the engine's
+            dequeue, which has no input to differentiate).
+        trap_variables: The value of a scalar trainable variable, or
+            several. They are the trap's inputs, so that the tape reaches
+            it; each gets a zero gradient.
         apply_gradients: Called inside the backward pass with one dense
             gradient per trapped tensor (zeros where none flowed); it applies
             the updates and returns a numeric scalar computed after all of
@@ -49,10 +52,17 @@ def trap_gradients(
     dependencies alone are not enough: Grappler prunes updates that hang
     only on control edges in `model.fit` with some Keras optimizers (Adam).
     """
+    produce = trapped if callable(trapped) else None
+    given = [] if produce is not None else list(trapped)  # type: ignore[arg-type]
+    if isinstance(trap_variables, (list, tuple)):
+        scalars = list(trap_variables)
+    else:
+        scalars = [trap_variables]
 
     @tf.custom_gradient  # type: ignore[untyped-decorator]
-    def trap(*dummies: Tensor) -> Any:
-        outputs = [tf.identity(t) for t in produce()]
+    def trap(*inputs: Tensor) -> Any:
+        rows, dummies = inputs[: len(given)], inputs[len(given) :]
+        outputs = [tf.identity(t) for t in (produce() if produce else rows)]
 
         def backward(*upstream: Tensor, variables: Any = None) -> Any:
             gradients = [
@@ -60,7 +70,7 @@ def trap_gradients(
                 for g, o in zip(upstream, outputs)
             ]
             done = apply_gradients(gradients)
-            zeros = [
+            zeros = [tf.zeros_like(r) for r in rows] + [
                 tf.zeros_like(d) + tf.cast(done, d.dtype) * 0 for d in dummies
             ]
             if variables:
@@ -72,4 +82,4 @@ def trap_gradients(
 
         return outputs, backward
 
-    return list(trap(*trap_variables))
+    return list(trap(*given, *scalars))

@@ -133,9 +133,7 @@ class LocalTables:
             def apply_gradients(gradients: list[Tensor]) -> Tensor:
                 return self._apply_gradients(lookups, gradients)
 
-            trapped = trap_gradients(
-                lambda: rows, [self._trigger.value], apply_gradients
-            )
+            trapped = trap_gradients(rows, self._trigger.value, apply_gradients)
         values: dict[str, Tensor] = {}
         lengths: dict[str, Tensor] = {}
         for lookup, variable, table_rows in zip(lookups, variables, trapped):
