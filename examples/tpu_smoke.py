@@ -242,31 +242,10 @@ def build_model(
     dense_item_ids: bool,
 ) -> keras.Model:
     """The demo's ranker; with `dense_item_ids`, item ids come `[batch, 1]`."""
-    config = kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1))
     inputs = preprocessor.keras_inputs()
     if dense_item_ids:
         inputs["item_id"] = keras.Input((1,), dtype="int64", name="item_id")
-    own_embeddings = kte.TPUEmbeddingLayer(
-        own, config=config, output="concat", name="embeddings"
-    )(inputs)
-    shared_embeddings = kte.SharedTPUEmbedding(
-        shared, config=config, name="item_embeddings"
-    )(inputs)
-    item = shared_embeddings["item_id_shared_embedding"]
-    history = keras.layers.GlobalAveragePooling1D()(
-        shared_embeddings["history_shared_embedding"]
-    )
-    x = keras.layers.Concatenate()(
-        [
-            own_embeddings,
-            item,
-            history,
-            keras.layers.Multiply()([item, history]),
-        ]
-    )
-    x = keras.layers.Dense(64, activation="relu")(x)
-    output = keras.layers.Dense(1, activation="sigmoid", name="click")(x)
-    model = keras.Model(inputs, output, name="ranker")
+    model = demo.build_model(preprocessor, own, shared, inputs=inputs)
     model.compile(
         optimizer=keras.optimizers.Adam(2e-3), loss="binary_crossentropy"
     )

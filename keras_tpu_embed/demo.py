@@ -128,10 +128,18 @@ def build_columns(vocabulary_file: str) -> tuple[list[Any], list[Any]]:
 
 
 def build_model(
-    preprocessor: kte.FeaturePreprocessor, own: list[Any], shared: list[Any]
+    preprocessor: kte.FeaturePreprocessor,
+    own: list[Any],
+    shared: list[Any],
+    inputs: dict[str, Any] | None = None,
 ) -> keras.Model:
+    """The ranker: both embedding layers, then an MLP to a click score.
+
+    `inputs` defaults to the preprocessor's `keras_inputs()`.
+    """
     config = kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1))
-    inputs = preprocessor.keras_inputs()
+    if inputs is None:
+        inputs = preprocessor.keras_inputs()
     own_embeddings = kte.TPUEmbeddingLayer(
         own, config=config, output="concat", name="embeddings"
     )(inputs)
