@@ -158,7 +158,12 @@ class DenseTableLookup:
                 column.feature_key, features[column.feature_key]
             )
             ids = densify(raw, width, PADDING_ID)
-            ids = map_to_default(ids, vocabulary_size, identity_default(column))
+            ids = map_to_default(
+                ids,
+                vocabulary_size,
+                identity_default(column),
+                keep_padding=True,
+            )
             ids = ids_in_range(
                 ids,
                 vocabulary_size,
