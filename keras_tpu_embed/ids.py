@@ -243,11 +243,12 @@ def prepare_for_lookup(
 
     In order: identity columns map ids outside `[0, vocabulary_size)` to
     their `default_value` (see `map_to_default`); any other id
-    `>= vocabulary_size` raises, naming the feature, table, value and valid range (gathers on GPU and TPU would
-    return zeros or garbage silently, so the check is explicit); negative ids
-    are pruned, as `safe_embedding_lookup_sparse` prunes them; weights <= 0
-    are pruned when `prune_weights`; sequence positions past
-    `max_sequence_length` are dropped.
+    `>= vocabulary_size` raises, naming the feature, table, value and
+    valid range (gathers on GPU and TPU would return zeros or garbage
+    silently, so the check is explicit); negative ids are pruned, as
+    `safe_embedding_lookup_sparse` prunes them; weights <= 0 are pruned
+    when `prune_weights`; sequence positions past `max_sequence_length`
+    are dropped.
     """
     ids = map_to_default(batch.ids, vocabulary_size, identity_default)
     ids = ids_below(
