@@ -187,7 +187,16 @@ def restore_tables(
 
 
 def validate_tables(model_or_layer: Any) -> dict[str, list[int]]:
-    """Rows holding NaN or inf, per table (only tables that have some).
+    """Rows holding NaN or inf, per table and per slot (`<table>/<slot>`).
+
+    Only tables and slots that have such rows are listed: a NaN in an
+    optimizer slot turns its row NaN at the row's next update.
+
+    Args:
+        model_or_layer: A model, an embedding layer, or a list of them.
+
+    Returns:
+        `{name: [row, ...]}` for each table or slot with non-finite rows.
 
     Example:
 
@@ -203,8 +212,6 @@ def validate_tables(model_or_layer: Any) -> dict[str, list[int]]:
     view = engine_checkpoint(model_or_layer)
     report = {}
     for name, variable in view.named_variables():
-        if "/" in name:
-            continue
         values = tf.convert_to_tensor(variable)
         bad = tf.where(
             tf.reduce_any(tf.logical_not(tf.math.is_finite(values)), axis=1)
