@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import zipfile
 from typing import Any
+from typing import Iterator
+from typing import Mapping
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -56,12 +58,15 @@ def load_saved_model(path: str) -> Any:
     TensorFlow checks the CRC of every tensor it reads from the variables
     files; a damaged graph fails to parse.
 
-    The loaded object also gets `serve(**features)`: `serving_default`
-    called with each feature converted to the dtype of its signature, so
-    that integer ids of any width (int8 to int64, uint8 to uint64 below
-    2**63, numpy or TensorFlow) and integer weights are accepted. The
-    signature itself takes int64 ids, as TF Serving expects; a caller
-    holding only TensorFlow must cast int32 ids to int64 itself.
+    Every signature of the loaded object (`loaded.signatures[name]`, and
+    `serve(**features)` for `serving_default`) converts each feature to
+    the dtype of its signature first, so that integer ids of any width
+    (int8 to int64, uint8 to uint64 below 2**63, numpy or TensorFlow) and
+    integer weights are accepted, and refuses what would change a value
+    (float ids, uint64 ids of 2**63 or more), naming the feature: called
+    directly, TensorFlow converts numpy float ids to int64 by truncation.
+    The exported signature itself takes int64 ids, as TF Serving expects;
+    a caller holding only TensorFlow must cast int32 ids to int64 itself.
 
     Returns:
         The loaded SavedModel, with `serve`.
@@ -73,9 +78,32 @@ def load_saved_model(path: str) -> Any:
         loaded = tf.saved_model.load(path)
     except (tf.errors.OpError, OSError, ValueError, DecodeError) as error:
         raise damaged_file_error(path, error) from error
+    # TensorFlow converts a signature's arguments to its dtypes itself,
+    # silently: numpy float ids are truncated, uint64 ids wrap negative.
+    # Every signature of the loaded object checks and converts first.
+    loaded.signatures = CheckedSignatures(loaded.signatures)
     if "serving_default" in loaded.signatures:
-        loaded.serve = SignatureCaller(loaded.signatures["serving_default"])
+        loaded.serve = loaded.signatures["serving_default"]
     return loaded
+
+
+class CheckedSignatures(Mapping[str, "SignatureCaller"]):
+    """A SavedModel's signatures, each called through `SignatureCaller`."""
+
+    def __init__(self, signatures: Mapping[str, Any]) -> None:
+        self._callers = {
+            name: SignatureCaller(signature)
+            for name, signature in signatures.items()
+        }
+
+    def __getitem__(self, name: str) -> SignatureCaller:
+        return self._callers[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._callers)
+
+    def __len__(self) -> int:
+        return len(self._callers)
 
 
 class SignatureCaller:
@@ -92,6 +120,11 @@ class SignatureCaller:
         self.specs: dict[str, Any] = dict(
             signature.structured_input_signature[1]
         )
+
+    def __getattr__(self, name: str) -> Any:
+        # The concrete function's own attributes (`structured_outputs`,
+        # `structured_input_signature`, ...) stay readable.
+        return getattr(self.signature, name)
 
     def __call__(self, **features: Any) -> dict[str, Any]:
         missing = sorted(set(self.specs) - set(features))

@@ -41,9 +41,24 @@ def _raw_signature(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
     return specs
 
 
-def _as_batch_matrix(value: Tensor) -> Tensor:
-    """`[b]` and `[b, n]` inputs as `[b, n]` (a scalar per row gives n=1)."""
-    shape = tf.shape(value)
+def _as_batch_matrix(key: str, value: Tensor) -> Tensor:
+    """`[b]` and `[b, n]` inputs as `[b, n]` (a scalar per row gives n=1).
+
+    The signature leaves the rank open, so the check runs in the graph:
+    a rank-3 feature must fail, naming it, not be flattened into rows.
+    """
+    rank = tf.rank(value)
+    check = tf.debugging.Assert(
+        tf.logical_and(rank >= 1, rank <= 2),
+        [
+            f"Feature '{key}' must be [batch] or [batch, n]. Received rank",
+            rank,
+            "shape",
+            tf.shape(value),
+        ],
+    )
+    with tf.control_dependencies([check]):
+        shape = tf.shape(value)
     return tf.reshape(value, tf.stack([shape[0], tf.reduce_prod(shape[1:])]))
 
 
@@ -129,7 +144,7 @@ def export_saved_model(
         if preprocessor is not None:
 
             def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
-                dense = {k: _as_batch_matrix(v) for k, v in features.items()}
+                dense = {k: _as_batch_matrix(k, v) for k, v in features.items()}
                 return _output_dict(
                     model, model(preprocessor(dense), training=False)
                 )
@@ -155,7 +170,7 @@ def export_saved_model(
             }
 
             def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
-                dense = {k: _as_batch_matrix(v) for k, v in features.items()}
+                dense = {k: _as_batch_matrix(k, v) for k, v in features.items()}
                 return _output_dict(model, model(dense, training=False))
 
         signatures["serving_default"] = tf.function(

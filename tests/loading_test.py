@@ -4,7 +4,9 @@ import glob
 import os
 
 import keras
+import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_tpu_embed as kte
 from tests import testing
@@ -58,3 +60,66 @@ def test_damaged_saved_model(tmp_path):
         handle.truncate(os.path.getsize(graph) // 2)
     with pytest.raises(ValueError, match="sm2 is truncated or corrupt"):
         kte.load_saved_model(other)
+
+
+def _weighted_export(tmp_path):
+    item = kte.categorical_column_with_identity("item", 10)
+    weighted = kte.weighted_categorical_column(
+        kte.categorical_column_with_identity("x", 10), "xw"
+    )
+    columns = [kte.embedding_column(item, 4), kte.embedding_column(weighted, 4)]
+    pre = kte.FeaturePreprocessor(columns)
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer(columns, output="concat")
+    model = keras.Model(
+        inputs, keras.layers.Dense(1, name="score")(layer(inputs))
+    )
+    return kte.export_saved_model(model, str(tmp_path / "sm"), pre)
+
+
+def _good_feeds():
+    return {
+        "item": tf.constant([[2]], tf.int64),
+        "x": tf.constant([[1]], tf.int64),
+        "xw": tf.constant([[1.0]]),
+    }
+
+
+def test_signatures_refuse_ids_that_would_change(tmp_path):
+    """TF converts numpy float64 [[2.7]] to id 2 and wraps uint64 ids of
+    2**63 or more negative when a signature is called with them."""
+    signature = kte.load_saved_model(_weighted_export(tmp_path)).signatures[
+        "serving_default"
+    ]
+    with pytest.raises(TypeError, match="Feature 'item'.*float64"):
+        signature(**dict(_good_feeds(), item=np.array([[2.7]])))
+    with pytest.raises(ValueError, match="Feature 'item'.*2\\*\\*63"):
+        signature(
+            **dict(_good_feeds(), item=np.array([[2**63 + 2]], np.uint64))
+        )
+
+
+def test_rank_3_ids_are_refused_inside_the_export(tmp_path):
+    """Checked in the graph, so a plain tf.saved_model.load refuses too."""
+    path = _weighted_export(tmp_path)
+    for signature in (
+        tf.saved_model.load(path).signatures["serving_default"],
+        kte.load_saved_model(path).signatures["serving_default"],
+    ):
+        with pytest.raises(
+            (ValueError, tf.errors.InvalidArgumentError),
+            # Assert escapes the quotes in its message.
+            match=r"Feature \\?'item\\?' must be \[batch\]",
+        ):
+            signature(
+                **dict(_good_feeds(), item=tf.constant([[[2]]], tf.int64))
+            )
+
+
+def test_integer_weights_are_cast_by_the_loaded_signature(tmp_path):
+    signature = kte.load_saved_model(_weighted_export(tmp_path)).signatures[
+        "serving_default"
+    ]
+    want = signature(**_good_feeds())
+    got = signature(**dict(_good_feeds(), xw=tf.constant([[1]])))
+    np.testing.assert_array_equal(got["score"], want["score"])
