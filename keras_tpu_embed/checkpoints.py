@@ -20,6 +20,7 @@ from typing import Any
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.layers import embedding_layers
+from keras_tpu_embed.loading import LOAD_ERRORS
 from keras_tpu_embed.loading import damaged_file_error
 
 
@@ -147,7 +148,7 @@ def restore_tables(
     view = engine_checkpoint(model_or_layers)
     try:
         saved = dict(tf.train.list_variables(path))
-    except (tf.errors.OpError, ValueError) as error:
+    except LOAD_ERRORS as error:
         raise damaged_file_error(path, error) from error
     problems = []
     for name, variable in view.named_variables():
@@ -175,7 +176,7 @@ def restore_tables(
     # look damaged.
     try:
         status = tf.train.Checkpoint(**{prefix: view}).read(path)
-    except tf.errors.OpError as error:
+    except LOAD_ERRORS as error:
         raise damaged_file_error(path, error) from error
     try:
         status.assert_existing_objects_matched()

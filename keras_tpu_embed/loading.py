@@ -8,6 +8,8 @@ are restored by `checkpoints.restore_tables`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import zipfile
 from typing import Any
@@ -26,6 +28,87 @@ def damaged_file_error(path: str, error: Exception) -> ValueError:
         f"{path} is truncated or corrupt and cannot be loaded: "
         f"{type(error).__name__}: {error}"
     )
+
+
+# What TensorFlow raises on damaged files besides OpError: a truncated
+# data file gives IndexError ("Read less bytes than requested"), a
+# corrupted graph KeyError or RuntimeError while it is rebuilt.
+LOAD_ERRORS = (
+    tf.errors.OpError,
+    OSError,
+    ValueError,
+    DecodeError,
+    IndexError,
+    KeyError,
+    RuntimeError,
+)
+
+DIGESTS_FILE = os.path.join("assets.extra", "keras_tpu_embed_sha256.json")
+"""Where an export records the SHA-256 of each of its files.
+
+`assets.extra` is the SavedModel directory for files TensorFlow and TF
+Serving do not read themselves.
+"""
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_digests(path: str) -> None:
+    """Records the SHA-256 of every file of the SavedModel at `path`.
+
+    TensorFlow checks the CRCs of variable values only: an edited
+    vocabulary asset, or a flipped byte in `saved_model.pb` that still
+    parses (a constant, a vocabulary list), loads as a different model.
+    """
+    files = {}
+    for folder, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(folder, name)
+            relative = os.path.relpath(full, path).replace(os.sep, "/")
+            files[relative] = _sha256(full)
+    manifest = os.path.join(path, DIGESTS_FILE)
+    os.makedirs(os.path.dirname(manifest), exist_ok=True)
+    with open(manifest, "w") as handle:
+        json.dump({"format": 1, "sha256": files}, handle, sort_keys=True)
+
+
+def verify_digests(path: str) -> None:
+    """Checks every file of an export against the digests it recorded.
+
+    Raises:
+        ValueError: the record is missing or unreadable, or a file it lists
+            is missing or changed; the message names the file.
+    """
+    manifest = os.path.join(path, DIGESTS_FILE)
+    if not os.path.exists(manifest):
+        raise ValueError(
+            f"{path} has no {DIGESTS_FILE}: it was not written by "
+            "kte.export_saved_model (or the record was removed), so its "
+            "files cannot be verified. Re-export it, or pass verify=False "
+            "to load it unverified."
+        )
+    try:
+        with open(manifest) as handle:
+            files = json.load(handle)["sha256"]
+        listed = {str(name): str(digest) for name, digest in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise damaged_file_error(manifest, error) from error
+    for name, digest in sorted(listed.items()):
+        full = os.path.join(path, *name.split("/"))
+        if not os.path.exists(full):
+            raise ValueError(f"{full} is missing from the export.")
+        if _sha256(full) != digest:
+            raise ValueError(
+                f"{full} is truncated or corrupt, or was edited since "
+                "export: its SHA-256 differs from the one recorded in "
+                f"{DIGESTS_FILE}. Re-export the model."
+            )
 
 
 def load_model(path: str, **kwargs: Any) -> keras.Model:
@@ -52,11 +135,13 @@ def load_model(path: str, **kwargs: Any) -> keras.Model:
     return keras.models.load_model(path, **kwargs)
 
 
-def load_saved_model(path: str) -> Any:
-    """`tf.saved_model.load` whose failures on damaged files name the file.
+def load_saved_model(path: str, verify: bool = True) -> Any:
+    """`tf.saved_model.load` that refuses damaged or edited exports.
 
-    TensorFlow checks the CRC of every tensor it reads from the variables
-    files; a damaged graph fails to parse.
+    Every file of the export (graph, variables, vocabulary assets) is
+    checked against the SHA-256 that `kte.export_saved_model` recorded in
+    `assets.extra/`; TensorFlow itself checks only the CRCs of variable
+    values, so an edited vocabulary would load as a different model.
 
     Every signature of the loaded object (`loaded.signatures[name]`, and
     `serve(**features)` for `serving_default`) converts each feature to
@@ -68,15 +153,24 @@ def load_saved_model(path: str) -> Any:
     The exported signature itself takes int64 ids, as TF Serving expects;
     a caller holding only TensorFlow must cast int32 ids to int64 itself.
 
+    Args:
+        path: The export's directory.
+        verify: Check the recorded digests (hashing every file once). With
+            False, an export without them loads, checked by TensorFlow only.
+
     Returns:
         The loaded SavedModel, with `serve`.
 
     Raises:
-        ValueError: the SavedModel is truncated or corrupt.
+        ValueError: the SavedModel is truncated, corrupt or edited, or has
+            no recorded digests while `verify` is true.
     """
+    path = os.fspath(path)
+    if verify:
+        verify_digests(path)
     try:
         loaded = tf.saved_model.load(path)
-    except (tf.errors.OpError, OSError, ValueError, DecodeError) as error:
+    except LOAD_ERRORS as error:
         raise damaged_file_error(path, error) from error
     # TensorFlow converts a signature's arguments to its dtypes itself,
     # silently: numpy float ids are truncated, uint64 ids wrap negative.

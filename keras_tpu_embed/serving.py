@@ -5,7 +5,9 @@ The exported SavedModel needs only TensorFlow to load: its
 weight key), runs the preprocessor's `tf.lookup` tables and the model in one
 graph, and returns the model's outputs. Vocabulary files travel inside the
 SavedModel as assets. Only the variables the serving function reads are
-saved — tables and dense weights, never optimizer slots.
+saved — tables and dense weights, never optimizer slots. The SHA-256 of
+every file is recorded in `assets.extra/` for `kte.load_saved_model` to
+verify.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.layers import embedding_layers
+from keras_tpu_embed.loading import write_digests
 from keras_tpu_embed.preprocessing import FeaturePreprocessor
 from keras_tpu_embed.preprocessing import make_parse_example_spec
 from keras_tpu_embed.types import Tensor
@@ -188,6 +191,7 @@ def export_saved_model(
         [] if preprocessor is None else list(preprocessor.lookup_tables)
     )
     tf.saved_model.save(root, path, signatures=signatures)
+    write_digests(path)
     return path
 
 
