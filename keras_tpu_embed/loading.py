@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 import zipfile
 from typing import Any
 from typing import Iterator
@@ -133,6 +134,41 @@ def load_model(path: str, **kwargs: Any) -> keras.Model:
             "does not match."
         )
     return keras.models.load_model(path, **kwargs)
+
+
+def load_weights(model: keras.Model, path: str, **kwargs: Any) -> None:
+    """`model.load_weights(path)` whose failures name the file.
+
+    Keras' HDF5 errors name an object, not the file, and a damaged group
+    name only warns that a layer keeps its fresh weights: both become one
+    `ValueError` naming the file. HDF5 has no checksums over the values,
+    so a flipped byte inside a weight's data loads as a different value;
+    a `.keras` file (zip CRCs, `kte.load_model`) detects that.
+
+    Args:
+        model: The built model to load into.
+        path: A `.weights.h5` file (or anything `load_weights` takes).
+        **kwargs: Passed to `model.load_weights`.
+
+    Raises:
+        ValueError: the file is missing, truncated or corrupt, or holds
+            other tables (see `load_layer_variables`).
+    """
+    if not os.path.exists(path):
+        raise ValueError(f"{path} does not exist.")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            model.load_weights(path, **kwargs)
+        except LOAD_ERRORS as error:
+            raise damaged_file_error(path, error) from error
+    for warning in caught:
+        message = str(warning.message)
+        if "Skipping" in message or "could not be loaded" in message:
+            raise ValueError(f"{path} is truncated or corrupt: {message}")
+        warnings.warn_explicit(
+            warning.message, warning.category, warning.filename, warning.lineno
+        )
 
 
 def load_saved_model(path: str, verify: bool = True) -> Any:
