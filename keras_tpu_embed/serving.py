@@ -75,6 +75,36 @@ def _output_dict(model: keras.Model, outputs: Any) -> dict[str, Tensor]:
     return dict(zip(names, flat))
 
 
+def model_inputs(model: keras.Model, features: dict[str, Any]) -> Any:
+    """Exactly the model's inputs, taken from `features` by name.
+
+    A functional model given a dict with extra keys warns and then matches
+    its inputs by position (keras/src/models/functional.py,
+    `Functional._standardize_inputs`): an extra `a` would give `b` the
+    values of `a`. So the model gets its own keys only, and a missing one
+    is an error.
+
+    Raises:
+        KeyError: a model input that `features` does not hold.
+    """
+    if not _has_input_tensors(model):
+        # A subclassed model declares no inputs: its `call` reads the dict
+        # by key itself.
+        return features
+    names = list(_model_input_specs(model))
+    missing = [name for name in names if name not in features]
+    if missing:
+        raise KeyError(
+            f"The model takes the inputs {names}, but the preprocessor does "
+            f"not produce {missing}. Give the preprocessor the columns "
+            f"reading {missing}. It produces: {sorted(features)}."
+        )
+    selected = {name: features[name] for name in names}
+    if isinstance(model.input, dict):
+        return selected
+    return [selected[name] for name in names]
+
+
 @contextlib.contextmanager
 def serving_lookups(
     model: keras.Model, lookup_device: LookupDevice | None
@@ -148,17 +178,15 @@ def export_saved_model(
 
             def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
                 dense = {k: _as_batch_matrix(k, v) for k, v in features.items()}
-                return _output_dict(
-                    model, model(preprocessor(dense), training=False)
-                )
+                ids = model_inputs(model, preprocessor(dense))
+                return _output_dict(model, model(ids, training=False))
 
             spec = make_parse_example_spec(preprocessor.categorical_columns)
 
             def serve_examples(examples: Tensor) -> dict[str, Tensor]:
                 features = tf.io.parse_example(examples, spec)
-                return _output_dict(
-                    model, model(preprocessor(features), training=False)
-                )
+                ids = model_inputs(model, preprocessor(features))
+                return _output_dict(model, model(ids, training=False))
 
             signatures["serve_examples"] = tf.function(
                 serve_examples,
@@ -193,6 +221,13 @@ def export_saved_model(
     tf.saved_model.save(root, path, signatures=signatures)
     write_digests(path)
     return path
+
+
+def _has_input_tensors(model: keras.Model) -> bool:
+    try:
+        return bool(model.inputs)
+    except (AttributeError, ValueError):
+        return False
 
 
 def _model_input_specs(model: keras.Model) -> dict[str, Any]:
