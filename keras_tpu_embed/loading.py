@@ -254,6 +254,9 @@ class SignatureCaller:
     def __getattr__(self, name: str) -> Any:
         # The concrete function's own attributes (`structured_outputs`,
         # `structured_input_signature`, ...) stay readable.
+        if name in ("signature", "specs"):
+            # Not set yet (copy, unpickling): no recursion through here.
+            raise AttributeError(name)
         return getattr(self.signature, name)
 
     def __call__(self, **features: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Damaged `.keras` files and SavedModels fail loudly, naming the file."""
 
 import collections
+import copy
 import glob
 import os
 import shutil
@@ -278,3 +279,11 @@ def test_damage_sweep(tmp_path):
     print(dict(outcomes))
     changed = {k: v for k, v in outcomes.items() if k[1] == "CHANGED"}
     assert set(kind for kind, _ in changed) <= {"weights.h5"}, outcomes
+
+
+def test_checked_signatures_keep_the_signature_attributes(tmp_path):
+    signature = kte.load_saved_model(_weighted_export(tmp_path)).signatures[
+        "serving_default"
+    ]
+    assert set(signature.structured_outputs) == {"score"}
+    assert copy.copy(signature).specs == signature.specs
