@@ -40,6 +40,7 @@ from keras_tpu_embed.distribute import distribute_dataset as distribute_dataset
 from keras_tpu_embed.layers import TPUEmbeddingLayer as TPUEmbeddingLayer
 from keras_tpu_embed.loading import load_model as load_model
 from keras_tpu_embed.loading import load_saved_model as load_saved_model
+from keras_tpu_embed.loading import load_weights as load_weights
 from keras_tpu_embed.preprocessing import (
     FeaturePreprocessor as FeaturePreprocessor,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "export_saved_model",
     "load_model",
     "load_saved_model",
+    "load_weights",
     "make_parse_example_spec",
     "optimizers",
     "profile_lookups",

@@ -20,6 +20,7 @@ from typing import Any
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.layers import embedding_layers
+from keras_tpu_embed.loading import LOAD_ERRORS
 from keras_tpu_embed.loading import damaged_file_error
 
 
@@ -147,7 +148,7 @@ def restore_tables(
     view = engine_checkpoint(model_or_layers)
     try:
         saved = dict(tf.train.list_variables(path))
-    except (tf.errors.OpError, ValueError) as error:
+    except LOAD_ERRORS as error:
         raise damaged_file_error(path, error) from error
     problems = []
     for name, variable in view.named_variables():
@@ -175,7 +176,7 @@ def restore_tables(
     # look damaged.
     try:
         status = tf.train.Checkpoint(**{prefix: view}).read(path)
-    except tf.errors.OpError as error:
+    except LOAD_ERRORS as error:
         raise damaged_file_error(path, error) from error
     try:
         status.assert_existing_objects_matched()
@@ -187,7 +188,16 @@ def restore_tables(
 
 
 def validate_tables(model_or_layer: Any) -> dict[str, list[int]]:
-    """Rows holding NaN or inf, per table (only tables that have some).
+    """Rows holding NaN or inf, per table and per slot (`<table>/<slot>`).
+
+    Only tables and slots that have such rows are listed: a NaN in an
+    optimizer slot turns its row NaN at the row's next update.
+
+    Args:
+        model_or_layer: A model, an embedding layer, or a list of them.
+
+    Returns:
+        `{name: [row, ...]}` for each table or slot with non-finite rows.
 
     Example:
 
@@ -203,8 +213,6 @@ def validate_tables(model_or_layer: Any) -> dict[str, list[int]]:
     view = engine_checkpoint(model_or_layer)
     report = {}
     for name, variable in view.named_variables():
-        if "/" in name:
-            continue
         values = tf.convert_to_tensor(variable)
         bad = tf.where(
             tf.reduce_any(tf.logical_not(tf.math.is_finite(values)), axis=1)

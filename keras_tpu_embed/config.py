@@ -11,6 +11,7 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed.serialization import serializable
 
 SUPPORTED_PARTITION_STRATEGIES: tuple[str, ...] = ("div", "mod")
+NON_FINITE_UPDATE_MODES: tuple[str, ...] = ("raise", "allow")
 
 
 def _default_optimizer() -> optimizers.EmbeddingOptimizer:
@@ -49,6 +50,14 @@ class EmbeddingConfig:
             over TPU hosts.
         profile_data_directory: Where `kte.profile_lookups(dataset, layer)`
             writes (and later reuses) per-table lookup statistics.
+        non_finite_updates: What an embedding update does when a table's
+            gradient holds NaN or inf, which would make every touched row
+            NaN while the loss may stay finite. `"raise"` (default): the
+            table's update is skipped and the step fails with an
+            `InvalidArgumentError` naming the table and the step; XLA drops
+            assertions, so in a jit-compiled step the update is only
+            skipped. `"allow"`: the update is applied as computed. Applies
+            to the tables the layer holds, not to the TPU embedding engine's.
 
     Example:
 
@@ -68,6 +77,7 @@ class EmbeddingConfig:
     table_to_config_dict: dict[str, Any] | None = None
     partition_strategy: str = "div"
     profile_data_directory: str | None = None
+    non_finite_updates: str = "raise"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optimizer", optimizers.get(self.optimizer))
@@ -92,6 +102,12 @@ class EmbeddingConfig:
                 "Invalid value for argument `partition_strategy`. Expected one "
                 f"of {SUPPORTED_PARTITION_STRATEGIES}. Received: "
                 f"partition_strategy={self.partition_strategy!r}"
+            )
+        if self.non_finite_updates not in NON_FINITE_UPDATE_MODES:
+            raise ValueError(
+                "Invalid value for argument `non_finite_updates`. Expected one "
+                f"of {NON_FINITE_UPDATE_MODES}. Received: "
+                f"non_finite_updates={self.non_finite_updates!r}"
             )
         for argument in ("feature_to_config_dict", "table_to_config_dict"):
             value = getattr(self, argument)
@@ -123,6 +139,7 @@ class EmbeddingConfig:
             ),
             "partition_strategy": self.partition_strategy,
             "profile_data_directory": self.profile_data_directory,
+            "non_finite_updates": self.non_finite_updates,
         }
 
     @classmethod

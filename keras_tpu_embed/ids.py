@@ -241,13 +241,14 @@ def prepare_for_lookup(
 ) -> IdBatch:
     """Applies the column's id rules; returns only the ids to look up.
 
-    In order: identity columns map ids `>= vocabulary_size` to their
-    `default_value`; any other id `>= vocabulary_size` raises, naming the
-    feature, table, value and valid range (gathers on GPU and TPU would
-    return zeros or garbage silently, so the check is explicit); negative ids
-    are pruned, as `safe_embedding_lookup_sparse` prunes them; weights <= 0
-    are pruned when `prune_weights`; sequence positions past
-    `max_sequence_length` are dropped.
+    In order: identity columns map ids outside `[0, vocabulary_size)` to
+    their `default_value` (see `map_to_default`); any other id
+    `>= vocabulary_size` raises, naming the feature, table, value and
+    valid range (gathers on GPU and TPU would return zeros or garbage
+    silently, so the check is explicit); negative ids are pruned, as
+    `safe_embedding_lookup_sparse` prunes them; weights <= 0 are pruned
+    when `prune_weights`; sequence positions past `max_sequence_length`
+    are dropped.
     """
     ids = map_to_default(batch.ids, vocabulary_size, identity_default)
     ids = ids_below(
@@ -282,14 +283,26 @@ def ids_below(ids: Tensor, limit: int, message: str) -> Tensor:
 
 
 def map_to_default(
-    ids: Tensor, vocabulary_size: int, default: int | None
+    ids: Tensor,
+    vocabulary_size: int,
+    default: int | None,
+    keep_padding: bool = False,
 ) -> Tensor:
-    """Identity columns: ids `>= vocabulary_size` become `default`."""
+    """Identity columns: ids outside `[0, vocabulary_size)` become `default`.
+
+    Negative ids included, as `IdentityCategoricalColumn.
+    _transform_input_tensor` (tensorflow/python/feature_column/
+    feature_column_v2.py) maps them. With `keep_padding`, for dense inputs
+    that still hold their `-1` padding, `-1` stays padding: the legacy
+    column drops it before the mapping (`_to_sparse_input_and_drop_ignore_
+    values`).
+    """
     if default is None:
         return ids
-    return tf.where(
-        ids >= vocabulary_size, tf.constant(default, ids.dtype), ids
-    )
+    outside = tf.logical_or(ids < 0, ids >= vocabulary_size)
+    if keep_padding:
+        outside = tf.logical_and(outside, tf.not_equal(ids, PADDING_ID))
+    return tf.where(outside, tf.constant(default, ids.dtype), ids)
 
 
 def identity_default(column: Any) -> int | None:

@@ -20,6 +20,7 @@ variable to write into.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from keras_tpu_embed._compat import keras
@@ -50,6 +51,45 @@ def fills_by_blocks(initializer: Any) -> bool:
     )
 
 
+def available_memory_bytes() -> int | None:
+    """The host's available memory (Linux `MemAvailable`), if known."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_fits_in_memory(name: str, shape: tuple[int, int]) -> None:
+    """Refuses, before allocating, a float32 table larger than the memory.
+
+    Without it, `hash_bucket_size=2**40` ran out of memory after a long
+    allocation and `num_buckets=2**63` overflowed an integer, naming no
+    table. The host's memory is the bound for tables the layer holds; it
+    is checked per variable (a slot is as large as its table).
+
+    Raises:
+        ValueError: naming the table, its rows, the bytes it needs and the
+            bytes available.
+    """
+    rows, dimension = shape
+    needed = rows * dimension * 4
+    available = available_memory_bytes()
+    if rows >= 2**63 or (available is not None and needed > available):
+        raise ValueError(
+            f"Table '{name}' has {rows} rows of dimension {dimension}: it "
+            f"needs {needed} bytes (float32), but {available} bytes are "
+            "available on this host. Lower the column's hash_bucket_size / "
+            "num_buckets / vocabulary, or its dimension."
+        )
+
+
 def create_table(
     layer: keras.layers.Layer,
     name: str,
@@ -59,8 +99,11 @@ def create_table(
     """`layer.add_weight` for a non-trainable float32 table, filled cheaply.
 
     Element-wise initializers fill the table by blocks after it is created
-    with zeros; any other initializer runs in one piece.
+    with zeros; any other initializer runs in one piece. A table larger
+    than the host's available memory is refused first
+    (`check_fits_in_memory`).
     """
+    check_fits_in_memory(name, shape)
     by_blocks = (
         fills_by_blocks(initializer)
         and not _is_zero(initializer)

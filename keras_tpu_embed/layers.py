@@ -15,6 +15,7 @@ from typing import Any
 from typing import Iterator
 from typing import Sequence
 
+from keras_tpu_embed import loading
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import nested_layers
@@ -407,6 +408,15 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             config["config"]
         )
         return cls(**config)
+
+    def save_own_variables(self, store: Any) -> None:
+        """Stores tables and slots by name (`loading.save_layer_variables`)."""
+        loading.save_layer_variables(self, store)
+
+    def load_own_variables(self, store: Any) -> None:
+        """By name, or by position for files stored so; see `loading`."""
+        if not loading.load_layer_variables(self, store):
+            super().load_own_variables(store)
 
     def save_assets(self, dir_path: str) -> None:
         """Copies the columns' vocabulary files into a `.keras` archive."""

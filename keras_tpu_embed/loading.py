@@ -8,9 +8,14 @@ are restored by `checkpoints.restore_tables`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import warnings
 import zipfile
 from typing import Any
+from typing import Iterator
+from typing import Mapping
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -24,6 +29,87 @@ def damaged_file_error(path: str, error: Exception) -> ValueError:
         f"{path} is truncated or corrupt and cannot be loaded: "
         f"{type(error).__name__}: {error}"
     )
+
+
+# What TensorFlow raises on damaged files besides OpError: a truncated
+# data file gives IndexError ("Read less bytes than requested"), a
+# corrupted graph KeyError or RuntimeError while it is rebuilt.
+LOAD_ERRORS = (
+    tf.errors.OpError,
+    OSError,
+    ValueError,
+    DecodeError,
+    IndexError,
+    KeyError,
+    RuntimeError,
+)
+
+DIGESTS_FILE = os.path.join("assets.extra", "keras_tpu_embed_sha256.json")
+"""Where an export records the SHA-256 of each of its files.
+
+`assets.extra` is the SavedModel directory for files TensorFlow and TF
+Serving do not read themselves.
+"""
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_digests(path: str) -> None:
+    """Records the SHA-256 of every file of the SavedModel at `path`.
+
+    TensorFlow checks the CRCs of variable values only: an edited
+    vocabulary asset, or a flipped byte in `saved_model.pb` that still
+    parses (a constant, a vocabulary list), loads as a different model.
+    """
+    files = {}
+    for folder, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(folder, name)
+            relative = os.path.relpath(full, path).replace(os.sep, "/")
+            files[relative] = _sha256(full)
+    manifest = os.path.join(path, DIGESTS_FILE)
+    os.makedirs(os.path.dirname(manifest), exist_ok=True)
+    with open(manifest, "w") as handle:
+        json.dump({"format": 1, "sha256": files}, handle, sort_keys=True)
+
+
+def verify_digests(path: str) -> None:
+    """Checks every file of an export against the digests it recorded.
+
+    Raises:
+        ValueError: the record is missing or unreadable, or a file it lists
+            is missing or changed; the message names the file.
+    """
+    manifest = os.path.join(path, DIGESTS_FILE)
+    if not os.path.exists(manifest):
+        raise ValueError(
+            f"{path} has no {DIGESTS_FILE}: it was not written by "
+            "kte.export_saved_model (or the record was removed), so its "
+            "files cannot be verified. Re-export it, or pass verify=False "
+            "to load it unverified."
+        )
+    try:
+        with open(manifest) as handle:
+            files = json.load(handle)["sha256"]
+        listed = {str(name): str(digest) for name, digest in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise damaged_file_error(manifest, error) from error
+    for name, digest in sorted(listed.items()):
+        full = os.path.join(path, *name.split("/"))
+        if not os.path.exists(full):
+            raise ValueError(f"{full} is missing from the export.")
+        if _sha256(full) != digest:
+            raise ValueError(
+                f"{full} is truncated or corrupt, or was edited since "
+                "export: its SHA-256 differs from the one recorded in "
+                f"{DIGESTS_FILE}. Re-export the model."
+            )
 
 
 def load_model(path: str, **kwargs: Any) -> keras.Model:
@@ -50,32 +136,104 @@ def load_model(path: str, **kwargs: Any) -> keras.Model:
     return keras.models.load_model(path, **kwargs)
 
 
-def load_saved_model(path: str) -> Any:
-    """`tf.saved_model.load` whose failures on damaged files name the file.
+def load_weights(model: keras.Model, path: str, **kwargs: Any) -> None:
+    """`model.load_weights(path)` whose failures name the file.
 
-    TensorFlow checks the CRC of every tensor it reads from the variables
-    files; a damaged graph fails to parse.
+    Keras' HDF5 errors name an object, not the file, and a damaged group
+    name only warns that a layer keeps its fresh weights: both become one
+    `ValueError` naming the file. HDF5 has no checksums over the values,
+    so a flipped byte inside a weight's data loads as a different value;
+    a `.keras` file (zip CRCs, `kte.load_model`) detects that.
 
-    The loaded object also gets `serve(**features)`: `serving_default`
-    called with each feature converted to the dtype of its signature, so
-    that integer ids of any width (int8 to int64, uint8 to uint64 below
-    2**63, numpy or TensorFlow) and integer weights are accepted. The
-    signature itself takes int64 ids, as TF Serving expects; a caller
-    holding only TensorFlow must cast int32 ids to int64 itself.
+    Args:
+        model: The built model to load into.
+        path: A `.weights.h5` file (or anything `load_weights` takes).
+        **kwargs: Passed to `model.load_weights`.
+
+    Raises:
+        ValueError: the file is missing, truncated or corrupt, or holds
+            other tables (see `load_layer_variables`).
+    """
+    if not os.path.exists(path):
+        raise ValueError(f"{path} does not exist.")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            model.load_weights(path, **kwargs)
+        except LOAD_ERRORS as error:
+            raise damaged_file_error(path, error) from error
+    for warning in caught:
+        message = str(warning.message)
+        if "Skipping" in message or "could not be loaded" in message:
+            raise ValueError(f"{path} is truncated or corrupt: {message}")
+        warnings.warn_explicit(
+            warning.message, warning.category, warning.filename, warning.lineno
+        )
+
+
+def load_saved_model(path: str, verify: bool = True) -> Any:
+    """`tf.saved_model.load` that refuses damaged or edited exports.
+
+    Every file of the export (graph, variables, vocabulary assets) is
+    checked against the SHA-256 that `kte.export_saved_model` recorded in
+    `assets.extra/`; TensorFlow itself checks only the CRCs of variable
+    values, so an edited vocabulary would load as a different model.
+
+    Every signature of the loaded object (`loaded.signatures[name]`, and
+    `serve(**features)` for `serving_default`) converts each feature to
+    the dtype of its signature first, so that integer ids of any width
+    (int8 to int64, uint8 to uint64 below 2**63, numpy or TensorFlow) and
+    integer weights are accepted, and refuses what would change a value
+    (float ids, uint64 ids of 2**63 or more), naming the feature: called
+    directly, TensorFlow converts numpy float ids to int64 by truncation.
+    The exported signature itself takes int64 ids, as TF Serving expects;
+    a caller holding only TensorFlow must cast int32 ids to int64 itself.
+
+    Args:
+        path: The export's directory.
+        verify: Check the recorded digests (hashing every file once). With
+            False, an export without them loads, checked by TensorFlow only.
 
     Returns:
         The loaded SavedModel, with `serve`.
 
     Raises:
-        ValueError: the SavedModel is truncated or corrupt.
+        ValueError: the SavedModel is truncated, corrupt or edited, or has
+            no recorded digests while `verify` is true.
     """
+    path = os.fspath(path)
+    if verify:
+        verify_digests(path)
     try:
         loaded = tf.saved_model.load(path)
-    except (tf.errors.OpError, OSError, ValueError, DecodeError) as error:
+    except LOAD_ERRORS as error:
         raise damaged_file_error(path, error) from error
+    # TensorFlow converts a signature's arguments to its dtypes itself,
+    # silently: numpy float ids are truncated, uint64 ids wrap negative.
+    # Every signature of the loaded object checks and converts first.
+    loaded.signatures = CheckedSignatures(loaded.signatures)
     if "serving_default" in loaded.signatures:
-        loaded.serve = SignatureCaller(loaded.signatures["serving_default"])
+        loaded.serve = loaded.signatures["serving_default"]
     return loaded
+
+
+class CheckedSignatures(Mapping[str, "SignatureCaller"]):
+    """A SavedModel's signatures, each called through `SignatureCaller`."""
+
+    def __init__(self, signatures: Mapping[str, Any]) -> None:
+        self._callers = {
+            name: SignatureCaller(signature)
+            for name, signature in signatures.items()
+        }
+
+    def __getitem__(self, name: str) -> SignatureCaller:
+        return self._callers[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._callers)
+
+    def __len__(self) -> int:
+        return len(self._callers)
 
 
 class SignatureCaller:
@@ -92,6 +250,14 @@ class SignatureCaller:
         self.specs: dict[str, Any] = dict(
             signature.structured_input_signature[1]
         )
+
+    def __getattr__(self, name: str) -> Any:
+        # The concrete function's own attributes (`structured_outputs`,
+        # `structured_input_signature`, ...) stay readable.
+        if name in ("signature", "specs"):
+            # Not set yet (copy, unpickling): no recursion through here.
+            raise AttributeError(name)
+        return getattr(self.signature, name)
 
     def __call__(self, **features: Any) -> dict[str, Any]:
         missing = sorted(set(self.specs) - set(features))
@@ -158,3 +324,70 @@ def _convert_feature(key: str, value: Any, dtype: Any) -> Any:
             f"{tensor.dtype.name}."
         )
     return tf.cast(tensor, dtype)
+
+
+def _named_layer_variables(layer: Any) -> dict[str, Any]:
+    """A built embedding layer's own variables, keyed by what they are.
+
+    Tables by table name, slots as `<table>.S<slot>` (the mid-level API's
+    checkpoint spelling; `/` would make HDF5 groups), then the step and
+    the update trigger.
+    """
+    named: dict[str, Any] = {}
+    for table in layer.local_table_specs:
+        named[table.name] = layer.table_variable(table.name)
+        for slot, variable in layer.slot_variables(table.name).items():
+            named[f"{table.name}.S{slot}"] = variable
+    named["embedding_step"] = layer.embedding_step
+    named["table_update_trigger"] = layer.gradient_trap
+    return named
+
+
+def save_layer_variables(layer: Any, store: Any) -> None:
+    """`save_own_variables` of the embedding layers: by name, not position.
+
+    Keras' `Layer.save_own_variables` stores variables as `"0"`, `"1"`, ...
+    in creation order, so a layer whose columns are listed in another order
+    would load one table into another of the same shape.
+    """
+    for key, variable in _named_layer_variables(layer).items():
+        store[key] = variable
+
+
+def load_layer_variables(layer: Any, store: Any) -> bool:
+    """`load_own_variables` by name; False for a file stored by position.
+
+    Files written before the layers saved by name hold `"0"`, `"1"`, ...:
+    the caller loads those with Keras' positional rule.
+
+    Raises:
+        ValueError: the file's tables or slots differ from the layer's in
+            name or shape; the message lists both sides.
+    """
+    keys = sorted(str(key) for key in store.keys())
+    if keys and all(key.isdigit() for key in keys):
+        return False
+    if not layer.built:
+        raise ValueError(
+            f"{type(layer).__name__} '{layer.name}' is not built, so it has "
+            "no tables to load into; build the model (call it once) first."
+        )
+    named = _named_layer_variables(layer)
+    values = {key: store[key] for key in keys}
+    in_file = {key: list(value.shape) for key, value in values.items()}
+    in_layer = {key: list(var.shape) for key, var in named.items()}
+    if in_file != in_layer:
+        differ = sorted(
+            key
+            for key in set(in_file) | set(in_layer)
+            if in_file.get(key) != in_layer.get(key)
+        )
+        raise ValueError(
+            f"Cannot load the weights of {type(layer).__name__} "
+            f"'{layer.name}': the tables {differ!r} differ in name or shape. "
+            f"The file holds {in_file}; the layer has {in_layer}. Load into "
+            "a model built with the same columns (names and sizes)."
+        )
+    for key, variable in named.items():
+        variable.assign(values[key])
+    return True

@@ -5,7 +5,9 @@ The exported SavedModel needs only TensorFlow to load: its
 weight key), runs the preprocessor's `tf.lookup` tables and the model in one
 graph, and returns the model's outputs. Vocabulary files travel inside the
 SavedModel as assets. Only the variables the serving function reads are
-saved — tables and dense weights, never optimizer slots.
+saved — tables and dense weights, never optimizer slots. The SHA-256 of
+every file is recorded in `assets.extra/` for `kte.load_saved_model` to
+verify.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.layers import embedding_layers
+from keras_tpu_embed.loading import write_digests
 from keras_tpu_embed.preprocessing import FeaturePreprocessor
 from keras_tpu_embed.preprocessing import make_parse_example_spec
 from keras_tpu_embed.types import Tensor
@@ -41,9 +44,24 @@ def _raw_signature(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
     return specs
 
 
-def _as_batch_matrix(value: Tensor) -> Tensor:
-    """`[b]` and `[b, n]` inputs as `[b, n]` (a scalar per row gives n=1)."""
-    shape = tf.shape(value)
+def _as_batch_matrix(key: str, value: Tensor) -> Tensor:
+    """`[b]` and `[b, n]` inputs as `[b, n]` (a scalar per row gives n=1).
+
+    The signature leaves the rank open, so the check runs in the graph:
+    a rank-3 feature must fail, naming it, not be flattened into rows.
+    """
+    rank = tf.rank(value)
+    check = tf.debugging.Assert(
+        tf.logical_and(rank >= 1, rank <= 2),
+        [
+            f"Feature '{key}' must be [batch] or [batch, n]. Received rank",
+            rank,
+            "shape",
+            tf.shape(value),
+        ],
+    )
+    with tf.control_dependencies([check]):
+        shape = tf.shape(value)
     return tf.reshape(value, tf.stack([shape[0], tf.reduce_prod(shape[1:])]))
 
 
@@ -55,6 +73,36 @@ def _output_dict(model: keras.Model, outputs: Any) -> dict[str, Tensor]:
     if len(names) != len(flat):
         names = [f"output_{i}" for i in range(len(flat))]
     return dict(zip(names, flat))
+
+
+def model_inputs(model: keras.Model, features: dict[str, Any]) -> Any:
+    """Exactly the model's inputs, taken from `features` by name.
+
+    A functional model given a dict with extra keys warns and then matches
+    its inputs by position (keras/src/models/functional.py,
+    `Functional._standardize_inputs`): an extra `a` would give `b` the
+    values of `a`. So the model gets its own keys only, and a missing one
+    is an error.
+
+    Raises:
+        KeyError: a model input that `features` does not hold.
+    """
+    if not _has_input_tensors(model):
+        # A subclassed model declares no inputs: its `call` reads the dict
+        # by key itself.
+        return features
+    names = list(_model_input_specs(model))
+    missing = [name for name in names if name not in features]
+    if missing:
+        raise KeyError(
+            f"The model takes the inputs {names}, but the preprocessor does "
+            f"not produce {missing}. Give the preprocessor the columns "
+            f"reading {missing}. It produces: {sorted(features)}."
+        )
+    selected = {name: features[name] for name in names}
+    if isinstance(model.input, dict):
+        return selected
+    return [selected[name] for name in names]
 
 
 @contextlib.contextmanager
@@ -129,18 +177,16 @@ def export_saved_model(
         if preprocessor is not None:
 
             def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
-                dense = {k: _as_batch_matrix(v) for k, v in features.items()}
-                return _output_dict(
-                    model, model(preprocessor(dense), training=False)
-                )
+                dense = {k: _as_batch_matrix(k, v) for k, v in features.items()}
+                ids = model_inputs(model, preprocessor(dense))
+                return _output_dict(model, model(ids, training=False))
 
             spec = make_parse_example_spec(preprocessor.categorical_columns)
 
             def serve_examples(examples: Tensor) -> dict[str, Tensor]:
                 features = tf.io.parse_example(examples, spec)
-                return _output_dict(
-                    model, model(preprocessor(features), training=False)
-                )
+                ids = model_inputs(model, preprocessor(features))
+                return _output_dict(model, model(ids, training=False))
 
             signatures["serve_examples"] = tf.function(
                 serve_examples,
@@ -155,7 +201,7 @@ def export_saved_model(
             }
 
             def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
-                dense = {k: _as_batch_matrix(v) for k, v in features.items()}
+                dense = {k: _as_batch_matrix(k, v) for k, v in features.items()}
                 return _output_dict(model, model(dense, training=False))
 
         signatures["serving_default"] = tf.function(
@@ -173,7 +219,15 @@ def export_saved_model(
         [] if preprocessor is None else list(preprocessor.lookup_tables)
     )
     tf.saved_model.save(root, path, signatures=signatures)
+    write_digests(path)
     return path
+
+
+def _has_input_tensors(model: keras.Model) -> bool:
+    try:
+        return bool(model.inputs)
+    except (AttributeError, ValueError):
+        return False
 
 
 def _model_input_specs(model: keras.Model) -> dict[str, Any]:

@@ -232,3 +232,13 @@ def test_validate_tables_reports_non_finite_rows():
     assert kte.validate_tables(layer) == {}
     layer.table_variable("item")[7, 1].assign(float("inf"))
     assert kte.validate_tables(layer) == {"item": [7]}
+
+
+def test_validate_tables_reports_non_finite_slot_rows():
+    layer = kte.TPUEmbeddingLayer(
+        [kte.embedding_column(kte.categorical_column_with_identity("i", 6), 2)],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1)),
+    )
+    layer.build()
+    layer.slot_variables("i")["accumulators"][4, 0].assign(float("nan"))
+    assert kte.validate_tables(layer) == {"i/accumulators": [4]}

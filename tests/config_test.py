@@ -47,6 +47,11 @@ def test_tf_optimizers_are_converted():
             r"`partition_strategy`. Expected one of \('div', 'mod'\)",
         ),
         (
+            dict(non_finite_updates="skip"),
+            ValueError,
+            r"`non_finite_updates`. Expected one of \('raise', 'allow'\)",
+        ),
+        (
             dict(feature_to_config_dict=[]),
             TypeError,
             "`feature_to_config_dict` must be a dict or None",

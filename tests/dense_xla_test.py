@@ -273,3 +273,66 @@ def test_entry_factors_prune_like_the_sparse_lookup():
     np.testing.assert_array_equal(factors, [[2.0, 0.0, 0.0, -1.0]])
     _, ones = dense_xla.entry_factors(ids, None, "sqrtn", safe=False)
     np.testing.assert_array_equal(ones, [[1.0, 0.0, 1.0, 1.0]])
+
+
+def _weighted_core_layer():
+    column = kte.embedding_column(
+        kte.weighted_categorical_column(
+            kte.categorical_column_with_identity("x", 5), "xw"
+        ),
+        2,
+        combiner="sum",
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=[None, 2],
+    )
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    layer.build()
+    return layer
+
+
+def _served(layer, tmp_path):
+    """The layer behind a tensor-core export, reloaded."""
+    inputs = {
+        "x": keras.Input((2,), dtype="int64", name="x"),
+        "xw": keras.Input((2,), dtype="float32", name="xw"),
+    }
+    model = keras.Model(inputs, layer(inputs))
+    path = kte.export_saved_model(
+        model, str(tmp_path / "sm"), lookup_device="tpu_tensor_core"
+    )
+    return kte.load_saved_model(path).signatures["serving_default"]
+
+
+def test_non_finite_row_0_never_reaches_padding(tmp_path):
+    """Padding read row 0 and multiplied it by 0: NaN * 0 is NaN."""
+    layer = _weighted_core_layer()
+    table_variable = layer.table_variable("x_weighted_by_xw")
+    table_variable[0].assign([float("nan"), float("inf")])
+    features = {
+        "x": tf.constant([[1, -1], [2, 3]], tf.int64),
+        "xw": tf.constant([[1.0, 0.0], [1.0, 1.0]]),
+    }
+    table = layer.table_variable("x_weighted_by_xw").numpy()
+    want = [table[1], table[2] + table[3]]
+    np.testing.assert_allclose(layer(features), want, rtol=1e-6)
+    out = _served(layer, tmp_path)(**features)
+    np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-6)
+
+
+def test_non_finite_weights_are_refused_on_the_tensor_core(tmp_path):
+    layer = _weighted_core_layer()
+    features = {
+        "x": tf.constant([[1, 2]], tf.int64),
+        "xw": tf.constant([[1.0, float("nan")]]),
+    }
+    with pytest.raises(tf.errors.InvalidArgumentError, match="'xw'"):
+        layer(features)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="xw"):
+        _served(layer, tmp_path)(**features)
+
+
+def test_out_of_range_ids_are_refused_by_the_tensor_core_export(tmp_path):
+    """The compiled gather clamps them; the host side of the export checks."""
+    serve = _served(_weighted_core_layer(), tmp_path)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+        serve(x=tf.constant([[7, 1]], tf.int64), xw=tf.constant([[1.0, 1.0]]))

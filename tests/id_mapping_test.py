@@ -51,3 +51,9 @@ def test_raw_dtype_and_forms():
     dense = to_sparse("i", tf.constant([[1, -1], [2, 3]]))
     ragged = to_sparse("i", tf.ragged.constant([[1], [2, 3]]))
     assert dense.values.numpy().tolist() == ragged.values.numpy().tolist()
+
+
+def test_negative_identity_ids_map_to_default_value():
+    """As IdentityCategoricalColumn._transform_input_tensor maps them."""
+    column = kte.categorical_column_with_identity("i", 5, default_value=0)
+    assert IdMapper(column)(tf.constant([-3, 2])).numpy().tolist() == [0, 2]

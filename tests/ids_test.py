@@ -72,7 +72,10 @@ def test_large_ids_string_ids_and_int_weights():
 def test_map_to_default():
     ids = tf.constant([0, 7, 8, 100, -1], tf.int64)
     np.testing.assert_array_equal(
-        ids_lib.map_to_default(ids, 8, 3), [0, 7, 3, 3, -1]
+        ids_lib.map_to_default(ids, 8, 3), [0, 7, 3, 3, 3]
+    )
+    np.testing.assert_array_equal(
+        ids_lib.map_to_default(ids, 8, 3, keep_padding=True), [0, 7, 3, 3, -1]
     )
     assert ids_lib.map_to_default(ids, 8, None) is ids
 
@@ -205,3 +208,25 @@ def test_column_rules():
     assert not ids_lib.prunes_weights(
         identity_column(combiner="sqrtn", use_safe_embedding_lookup=False)
     )
+
+
+@pytest.mark.parametrize("device", [None, "tpu_tensor_core"])
+def test_negative_ids_map_to_default_value_like_feature_columns(device):
+    """IdentityCategoricalColumn._transform_input_tensor (TF feature_column
+    v2) sends every id outside [0, num_buckets), negative ones included, to
+    default_value; -1 in a dense input is padding and never an id."""
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("x", VOCAB, default_value=3),
+        DIM,
+        combiner="sum",
+        embedding_lookup_device=device,
+        tensor_core_shape=None if device is None else [None, 2],
+    )
+    layer = kte.TPUEmbeddingLayer([column])
+    out = layer({"x": tf.constant([[-5, 1], [-1, -1]])})["x_embedding"]
+    table = layer.table_variable("x").numpy()
+    np.testing.assert_allclose(out[0], table[3] + table[1], rtol=1e-6)
+    np.testing.assert_allclose(out[1], np.zeros(DIM))
+    if device is None:
+        ragged = layer({"x": tf.ragged.constant([[-1, 2]])})["x_embedding"]
+        np.testing.assert_allclose(ragged[0], table[3] + table[2], rtol=1e-6)

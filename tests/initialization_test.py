@@ -2,7 +2,9 @@
 
 import keras
 import numpy as np
+import pytest
 
+import keras_tpu_embed as kte
 from keras_tpu_embed import initialization
 
 
@@ -73,3 +75,19 @@ def test_creating_tables_logs_nothing():
     finally:
         logger.removeHandler(handler)
     assert not [r for r in records if "retracing" in r], records
+
+
+@pytest.mark.parametrize(
+    "categorical",
+    [
+        lambda: kte.categorical_column_with_hash_bucket("h", 2**40),
+        lambda: kte.categorical_column_with_identity("h", 2**63),
+    ],
+    ids=["hash_2**40", "identity_2**63"],
+)
+def test_tables_too_large_for_memory_fail_at_build_naming_them(categorical):
+    """They failed after long allocation with an OOM or an integer
+    conversion error that named no table."""
+    layer = kte.TPUEmbeddingLayer([kte.embedding_column(categorical(), 8)])
+    with pytest.raises(ValueError, match=r"Table 'h'.*rows.*bytes.*avail"):
+        layer.build()

@@ -146,3 +146,56 @@ def test_config_and_model_round_trip(tmp_path):
     model = keras.Model(inputs, keras.layers.Dense(2)(layer(inputs)))
     data = {"a": np.array([[1, 2], [3, -1]]), "b": np.array([[4, 4], [0, 1]])}
     testing.assert_model_save_load(model, data, str(tmp_path / "m.keras"))
+
+
+def _two_table_model(order, sizes=(6, 6)):
+    columns = {
+        name: kte.embedding_column(
+            kte.categorical_column_with_identity(name, size), 3
+        )
+        for name, size in zip(("a", "b"), sizes)
+    }
+    inputs = {k: keras.Input((1,), dtype="int64", name=k) for k in "ab"}
+    layer = kte.TPUEmbeddingLayer(
+        [columns[name] for name in order], name="emb", output="concat"
+    )
+    return keras.Model(inputs, layer(inputs)), layer
+
+
+def test_weights_load_by_table_name_whatever_the_column_order(tmp_path):
+    """Keras stores a layer's variables by position: columns listed in
+    another order swapped the tables."""
+    source, source_layer = _two_table_model("ab")
+    source_layer.table_variable("a").assign(np.full((6, 3), 1.0, "float32"))
+    source_layer.table_variable("b").assign(np.full((6, 3), 2.0, "float32"))
+    path = str(tmp_path / "m.weights.h5")
+    source.save_weights(path)
+    target, target_layer = _two_table_model("ba")
+    target.load_weights(path)
+    np.testing.assert_array_equal(target_layer.table_variable("a").numpy(), 1.0)
+    np.testing.assert_array_equal(target_layer.table_variable("b").numpy(), 2.0)
+
+
+def test_weights_with_other_tables_are_refused_naming_both(tmp_path):
+    source, _ = _two_table_model("ab")
+    path = str(tmp_path / "m.weights.h5")
+    source.save_weights(path)
+    target, _ = _two_table_model("ab", sizes=(6, 7))
+    with pytest.raises(ValueError, match=r"'b'.*\[6, 3\].*\[7, 3\]"):
+        target.load_weights(path)
+
+
+def test_weights_stored_by_position_still_load():
+    """Files written by Keras' positional rule ("0", "1", ...) load so."""
+    _, layer = _two_table_model("ab")
+    positional = {
+        str(i): np.full(v.shape, i, v.dtype)
+        for i, v in enumerate(
+            layer._trainable_variables + layer._non_trainable_variables
+        )
+    }
+    layer.load_own_variables(positional)
+    index = [v.path for v in layer._non_trainable_variables].index(
+        layer.table_variable("b").path
+    )
+    np.testing.assert_array_equal(layer.table_variable("b").numpy(), index + 1)

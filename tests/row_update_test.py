@@ -157,3 +157,59 @@ def test_dense_rules_sum_repeated_ids():
         np.testing.assert_allclose(
             repeated_slots[name].numpy(), variable.numpy(), rtol=1e-6
         )
+
+
+def _nan_gradient_step(layer, jit_compile=False):
+    """A training step whose loss is finite (0) but whose gradient is NaN:
+    d/dx sqrt(x - x) is inf - inf."""
+
+    def step():
+        with tf.GradientTape() as tape:
+            out = layer({"i": tf.constant([[1, 2]])}, training=True)
+            loss = tf.reduce_sum(tf.sqrt(out["i_embedding"] * 0.0))
+        tape.gradient(loss, layer.trainable_weights)
+        return loss
+
+    if jit_compile:
+        return tf.function(step, jit_compile=True)()
+    return step()
+
+
+def _nan_layer(device=None, **config):
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("i", 5),
+        2,
+        embedding_lookup_device=device,
+        tensor_core_shape=None if device is None else [None, 2],
+    )
+    layer = kte.TPUEmbeddingLayer(
+        [column],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.SGD(0.1), **config),
+    )
+    layer.build()
+    return layer
+
+
+def test_non_finite_gradient_raises_naming_table_and_step():
+    layer = _nan_layer()
+    before = layer.table_variable("i").numpy()
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"table \\?'i\\?'.*step"
+    ):
+        _nan_gradient_step(layer)
+    np.testing.assert_array_equal(layer.table_variable("i").numpy(), before)
+
+
+def test_non_finite_gradient_never_written_under_xla():
+    """XLA drops assertions: there the table's update is skipped instead."""
+    layer = _nan_layer("tpu_tensor_core")
+    before = layer.table_variable("i").numpy()
+    _nan_gradient_step(layer, jit_compile=True)
+    np.testing.assert_array_equal(layer.table_variable("i").numpy(), before)
+    assert kte.validate_tables(layer) == {}
+
+
+def test_non_finite_updates_can_be_allowed():
+    layer = _nan_layer(non_finite_updates="allow")
+    _nan_gradient_step(layer)
+    assert kte.validate_tables(layer) == {"i": [1, 2]}

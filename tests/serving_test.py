@@ -147,3 +147,35 @@ def test_serve_casts_integer_ids_of_any_width(tmp_path):
         loaded.serve(**dict(feeds, item=np.array([2**63, 1, 1], np.uint64)))
     with pytest.raises(KeyError, match="Missing feature 'item'"):
         loaded.serve(**{k: v for k, v in feeds.items() if k != "item"})
+
+
+def test_export_passes_the_model_only_its_own_inputs(tmp_path):
+    """A preprocessor with more columns than the model gave the model an
+    extra key, which Keras matched by position: `b` served `a`'s row."""
+    a = kte.embedding_column(kte.categorical_column_with_identity("a", 10), 2)
+    b = kte.embedding_column(kte.categorical_column_with_identity("b", 10), 2)
+    inputs = kte.FeaturePreprocessor([b]).keras_inputs()
+    layer = kte.TPUEmbeddingLayer([b], output="concat")
+    model = keras.Model(inputs, layer(inputs))
+    path = kte.export_saved_model(
+        model, str(tmp_path / "e"), preprocessor=kte.FeaturePreprocessor([a, b])
+    )
+    serve = kte.load_saved_model(path).signatures["serving_default"]
+    out = serve(a=tf.constant([5], tf.int64), b=tf.constant([1], tf.int64))
+    np.testing.assert_allclose(
+        next(iter(out.values()))[0], layer.table_variable("b").numpy()[1]
+    )
+
+
+def test_export_refuses_a_model_input_the_preprocessor_lacks(tmp_path):
+    b = kte.embedding_column(kte.categorical_column_with_identity("b", 10), 2)
+    c = kte.embedding_column(kte.categorical_column_with_identity("c", 10), 2)
+    inputs = kte.FeaturePreprocessor([b, c]).keras_inputs()
+    layer = kte.TPUEmbeddingLayer([b, c], output="concat")
+    model = keras.Model(inputs, layer(inputs))
+    with pytest.raises(KeyError, match="'c'"):
+        kte.export_saved_model(
+            model,
+            str(tmp_path / "e"),
+            preprocessor=kte.FeaturePreprocessor([b]),
+        )

@@ -87,3 +87,25 @@ def test_missing_files_are_allowed_only_inside_an_archive_load(tmp_path):
         kte.categorical_column_with_vocabulary_file(
             "f", missing, vocabulary_size=4
         )
+
+
+def test_byte_order_mark_is_refused_naming_the_file(tmp_path):
+    """TF's TextFileInitializer keeps the mark in the first token, so the
+    file is refused rather than read differently from the serving table."""
+    path = tmp_path / "v.txt"
+    path.write_bytes(b"\xef\xbb\xbfus\nfr\n")
+    with pytest.raises(ValueError, match="byte-order mark") as error:
+        kte.categorical_column_with_vocabulary_file("f", str(path))
+    assert str(path) in str(error.value)
+
+
+def test_integer_tokens_equal_as_integers_are_named(tmp_path):
+    path = tmp_path / "v.txt"
+    path.write_text("5\n7\n007\n")
+    with pytest.raises(
+        ValueError, match=r"line 3 holds '007', the integer 7 of line 2"
+    ) as error:
+        kte.categorical_column_with_vocabulary_file(
+            "f", str(path), dtype="int64"
+        )
+    assert str(path) in str(error.value)

@@ -53,10 +53,11 @@ def read_vocabulary_file(path: str, key: str, dtype: str) -> list[str]:
     """Reads and validates a vocabulary file: one token per line.
 
     Raises:
-        ValueError: if the file is missing, unreadable, empty, or has a blank
-            line, surrounding whitespace, a duplicate token or (for integer
-            columns) a token that is not an integer; the message names the
-            path and the line number.
+        ValueError: if the file is missing, unreadable, empty, starts with
+            a byte-order mark, or has a blank line, surrounding whitespace, a
+            duplicate token or (for integer columns) a token that is not an
+            integer or equals an earlier one as an integer (`7`, `007`); the
+            message names the path and the line number.
     """
     if not tf.io.gfile.exists(path):
         raise ValueError(
@@ -76,6 +77,15 @@ def read_vocabulary_file(path: str, key: str, dtype: str) -> list[str]:
             f"vocabulary_file {path} of column '{key}' is not UTF-8 text: "
             f"{error}"
         ) from error
+    if text.startswith("\ufeff"):
+        # Refused, not stripped: TF's TextFileInitializer (lookup_ops.py)
+        # reads the file itself and keeps the mark in the first token, so
+        # stripping it here would make the serving table disagree.
+        raise ValueError(
+            f"vocabulary_file {path} of column '{key}' starts with a UTF-8 "
+            "byte-order mark, which TensorFlow would read as part of the "
+            "first token. Save the file as UTF-8 without a byte-order mark."
+        )
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
@@ -85,6 +95,8 @@ def read_vocabulary_file(path: str, key: str, dtype: str) -> list[str]:
             "one token per line."
         )
     seen: dict[str, int] = {}
+    # TF parses integer keys, so "7" and "007" are one key to its table.
+    seen_integers: dict[int, tuple[str, int]] = {}
     for number, token in enumerate(lines, start=1):
         token = token.removesuffix("\r")
         where = f"vocabulary_file {path} of column '{key}', line {number}"
@@ -100,10 +112,19 @@ def read_vocabulary_file(path: str, key: str, dtype: str) -> list[str]:
             )
         if dtype in INTEGER_DTYPES:
             try:
-                int(token)
+                value = int(token)
             except ValueError:
                 raise ValueError(
                     f"{where} holds {token!r}, not an integer ({dtype})."
                 ) from None
+            if value in seen_integers:
+                first, line = seen_integers[value]
+                raise ValueError(
+                    f"{where} holds {token!r}, the integer {value} of line "
+                    f"{line} ({first!r}): TensorFlow would refuse the table "
+                    "with 'HashTable has different value for same key'. "
+                    "Keep one of them."
+                )
+            seen_integers[value] = (token, number)
         seen[token] = number
     return list(seen)

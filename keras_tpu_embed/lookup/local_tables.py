@@ -27,6 +27,7 @@ from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.optimizers import apply_update
+from keras_tpu_embed.optimizers.row_update import refuse_non_finite
 from keras_tpu_embed.tables import TableSpec
 from keras_tpu_embed.types import Tensor
 
@@ -173,6 +174,8 @@ class LocalTables:
             arguments["gradient"] = update_rules.scale_and_clip(
                 arguments["gradient"], config, step
             )
+            if config.non_finite_updates == "raise":
+                arguments = refuse_non_finite(arguments, table.name, step)
             updates += apply_update(
                 optimizer,
                 self._variables[table.name].value,

@@ -124,6 +124,41 @@ def apply_update(
     return ops
 
 
+def refuse_non_finite(
+    arguments: dict[str, Any], table_name: str, step: Tensor
+) -> dict[str, Any]:
+    """`apply_update` arguments that never write a non-finite gradient.
+
+    A NaN or inf in the gradient would make every touched row NaN while
+    the loss can stay finite (so `TerminateOnNaN` never fires). The update
+    of the table is skipped (the guard, with a zeroed gradient for the
+    rules that run regardless of it) and an assertion names the table and
+    the step; XLA compiles assertions to nothing, so there the skip is all.
+    """
+    gradient = arguments["gradient"]
+    finite = tf.reduce_all(tf.math.is_finite(gradient))
+    check = tf.debugging.Assert(
+        finite,
+        [
+            f"Embedding table '{table_name}' received a NaN or inf gradient "
+            "at embedding step",
+            step,
+            "; its update was skipped. Find the non-finite operation "
+            "(tf.debugging.enable_check_numerics()), or set "
+            "EmbeddingConfig(non_finite_updates='allow').",
+        ],
+    )
+    with tf.control_dependencies([check]):
+        guard = tf.identity(finite)
+    if arguments.get("guard") is not None:
+        guard = tf.logical_and(arguments["guard"], guard)
+    return dict(
+        arguments,
+        gradient=tf.where(finite, gradient, tf.zeros_like(gradient)),
+        guard=guard,
+    )
+
+
 def _with_done(ops: list[Any]) -> Tensor:
     with tf.control_dependencies(ops):
         return tf.constant(True)
