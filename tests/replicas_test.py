@@ -1,0 +1,277 @@
+"""Training under `MirroredStrategy`: N replicas make one device's update.
+
+Two logical CPU devices stand in for two GPUs: they must be configured
+before TensorFlow initializes, so each case runs in a fresh process. They
+share this machine's cores, so these tests prove the numbers, not a speed-up.
+"""
+
+import json
+
+import pytest
+import tensorflow as tf
+
+from keras_tpu_embed.lookup import replicas
+from tests import testing
+
+# Trains the same model on one device and under MirroredStrategy over two
+# logical CPUs, on the same global batches; prints what the test compares.
+SCRIPT = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras
+import keras_tpu_embed as kte
+
+optimizer_name, path, form, loop = sys.argv[1:5]
+OPTIMIZERS = {
+    "sgd": lambda: kte.optimizers.SGD(0.3, weight_decay_factor=0.01),
+    "adagrad": lambda: kte.optimizers.Adagrad(0.4, clipvalue=0.5),
+    "adam": lambda: kte.optimizers.Adam(0.1, beta_1=0.8, epsilon=1e-3),
+    "ftrl": lambda: kte.optimizers.FTRL(
+        0.5, l1_regularization_strength=0.01, l2_regularization_strength=0.1
+    ),
+}
+device = "tpu_tensor_core" if path == "tensor_core" else None
+rng = np.random.default_rng(0)
+N, BATCH, VOCAB = 32, 8, 12
+
+
+def padded(width, low=-1):
+    return rng.integers(low, VOCAB, size=(N, width)).astype(np.int64)
+
+
+features = {
+    "item": padded(2),
+    "hist": padded(3),
+    "tag": padded(2),
+    "tag_w": rng.uniform(0.5, 2.0, size=(N, 2)).astype(np.float32),
+}
+labels = rng.normal(size=(N, 1)).astype(np.float32)
+
+
+def columns():
+    item = kte.categorical_column_with_identity("item", VOCAB)
+    hist = kte.sequence_categorical_column_with_identity("hist", VOCAB)
+    shared = kte.shared_embedding_columns(
+        [item, hist],
+        4,
+        combiner="sum",
+        max_sequence_lengths=[0, 3],
+        # The step each replica reads must be the global one.
+        learning_rate_fn=lambda step: 0.2 / (1.0 + tf.cast(step, tf.float32)),
+        embedding_lookup_device=device,
+        tensor_core_shape=[None, 2] if device else None,
+    )
+    tag = kte.weighted_categorical_column(
+        kte.categorical_column_with_identity("tag", VOCAB), "tag_w"
+    )
+    tagged = kte.embedding_column(
+        tag,
+        3,
+        combiner="mean",
+        embedding_lookup_device=device,
+        tensor_core_shape=[None, 2] if device else None,
+    )
+    return shared + [tagged]
+
+
+def model_and_layer():
+    config = kte.EmbeddingConfig(
+        optimizer=OPTIMIZERS[optimizer_name](),
+        gradient_multiplier_fn=lambda step: 1.0 + 0.5 * tf.cast(
+            step % 2, tf.float32
+        ),
+    )
+    layer = kte.TPUEmbeddingLayer(columns(), config=config)
+    inputs = {
+        "item": keras.Input((2,), dtype="int64", name="item"),
+        "hist": keras.Input((3,), dtype="int64", name="hist"),
+        "tag": keras.Input((2,), dtype="int64", name="tag"),
+        "tag_w": keras.Input((2,), dtype="float32", name="tag_w"),
+    }
+    out = layer(inputs)
+    flat = keras.layers.Concatenate()(
+        [keras.layers.Flatten()(out[key]) for key in sorted(out)]
+    )
+    model = keras.Model(inputs, keras.layers.Dense(1)(flat))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model, layer
+
+
+def dataset():
+    data = tf.data.Dataset.from_tensor_slices((features, labels))
+    data = data.batch(BATCH)
+    if form == "ragged":
+        def to_ragged(x, y):
+            x = dict(x)
+            for key in ("item", "hist", "tag"):
+                x[key] = tf.RaggedTensor.from_tensor(x[key], padding=-1)
+            x["tag_w"] = tf.RaggedTensor.from_tensor(
+                x["tag_w"], lengths=x["tag"].row_lengths()
+            )
+            return x, y
+        data = data.map(to_ragged)
+    if form == "sparse":
+        # What the preprocessor makes of raw ids on the host path.
+        preprocessor = kte.FeaturePreprocessor(columns())
+        data = data.map(lambda x, y: (preprocessor(x), y))
+    return data
+
+
+def custom_loop(strategy, model):
+    # Keras' model.fit cannot take sparse or ragged inputs under
+    # MirroredStrategy: a replica step of our own, as a user would write.
+    @tf.function
+    def step(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                errors = tf.square(model(x, training=True) - y)[:, 0]
+                loss = tf.nn.compute_average_loss(
+                    errors, global_batch_size=BATCH
+                )
+            gradients = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply(gradients, model.trainable_variables)
+
+        strategy.run(replica, args=(x, y))
+
+    for _ in range(2):
+        for x, y in strategy.experimental_distribute_dataset(dataset()):
+            step(x, y)
+
+
+def train(strategy):
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model, layer = model_and_layer()
+    if loop == "custom":
+        custom_loop(strategy, model)
+        predictions = np.zeros([1])
+    else:
+        model.fit(dataset(), epochs=2, verbose=0)
+        model.evaluate(dataset(), verbose=0)
+        predictions = model.predict(dataset(), verbose=0)
+    state = {}
+    copies = {}
+    for spec in layer.local_table_specs:
+        variables = {spec.name: layer.table_variable(spec.name)}
+        for slot, var in layer.slot_variables(spec.name).items():
+            variables[f"{spec.name}/{slot}"] = var
+        for name, var in variables.items():
+            local = strategy.experimental_local_results(var.value)
+            state[name] = np.asarray(local[0])
+            copies[name] = [np.asarray(v) for v in local]
+    step = [int(v) for v in strategy.experimental_local_results(
+        layer.embedding_step.value)]
+    return state, copies, step, np.asarray(predictions)
+
+
+one_state, _, one_step, one_pred = train(
+    tf.distribute.OneDeviceStrategy("/cpu:0")
+)
+mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+state, copies, step, pred = train(mirrored)
+print(json.dumps({
+    "replicas": mirrored.num_replicas_in_sync,
+    "max_difference": max(
+        float(np.max(np.abs(state[k] - one_state[k]))) for k in one_state
+    ),
+    "copies_differ": [
+        k for k, v in copies.items()
+        if len(v) != 2 or not np.array_equal(v[0], v[1])
+    ],
+    "moved": min(float(np.max(np.abs(v - v.mean()))) for v in state.values()),
+    "steps": step,
+    "one_device_steps": one_step,
+    "prediction_difference": float(np.max(np.abs(pred - one_pred))),
+}))
+"""
+
+
+def _run(tmp_path, optimizer, path, form, loop="fit"):
+    # A file, not `-c`: Keras reads the source of the script's lambdas.
+    script = tmp_path / "replicated.py"
+    script.write_text(SCRIPT)
+    completed = testing.run_python(
+        str(script), optimizer, path, form, loop, TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", ["host", "tensor_core"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam", "ftrl"])
+def test_two_replicas_train_as_one_device_on_the_global_batch(
+    tmp_path, optimizer, path
+):
+    result = _run(tmp_path, optimizer, path, "dense")
+    assert result["replicas"] == 2
+    # 4 global batches of 8 examples, 2 epochs: 8 steps on every copy.
+    assert result["one_device_steps"] == [8]
+    assert result["steps"] == [8, 8]
+    assert result["copies_differ"] == []
+    assert result["max_difference"] < 1e-5
+    assert result["prediction_difference"] < 1e-5
+    assert result["moved"] > 0  # the tables did train
+
+
+@pytest.mark.parametrize("form", ["sparse", "ragged"])
+def test_sparse_and_ragged_ids_train_in_a_replicated_custom_loop(
+    tmp_path, form
+):
+    result = _run(tmp_path, "adagrad", "host", form, loop="custom")
+    assert result["steps"] == [8, 8]
+    assert result["copies_differ"] == []
+    assert result["max_difference"] < 1e-5
+    assert result["moved"] > 0
+
+
+def test_one_device_has_nothing_to_combine():
+    assert replicas.replica_count() == 1
+    assert replicas.row_gradient_gather() is None
+    # The default strategy's replica function has one replica as well.
+    strategy = tf.distribute.get_strategy()
+    assert strategy.run(replicas.row_gradient_gather) is None
+
+
+# A plain Keras model, without this package: Keras' `model.fit` under
+# MirroredStrategy averages the first batch across replicas to build the
+# model (`keras/src/backend/tensorflow/trainer.py`, `_maybe_symbolic_build`),
+# which fails on sparse and ragged inputs.
+PLAIN_SPARSE_FIT = r"""
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    inputs = keras.Input((3,), sparse=True)
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    model.compile("sgd", "mse")
+x = tf.sparse.from_dense(tf.eye(4, 3))
+data = tf.data.Dataset.from_tensor_slices((x, tf.ones([4, 1]))).batch(4)
+model.fit(data, verbose=0)
+print("FIT RAN")
+"""
+
+
+def test_keras_fit_takes_no_sparse_inputs_under_mirrored_strategy():
+    """Why sparse and ragged ids are trained in a custom loop above.
+
+    When this fails because `fit` ran, Keras has fixed it: train the
+    sparse and ragged forms through `model.fit` instead.
+    """
+    completed = testing.run_python(
+        "-c", PLAIN_SPARSE_FIT, TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    assert completed.returncode != 0
+    assert "FIT RAN" not in completed.stdout
+    assert "'SparseTensor' object has no attribute 'device'" in (
+        completed.stderr
+    )
