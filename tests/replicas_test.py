@@ -6,7 +6,12 @@ share this machine's cores, so these tests prove the numbers, not a speed-up.
 """
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -274,4 +279,185 @@ def test_keras_fit_takes_no_sparse_inputs_under_mirrored_strategy():
     assert "FIT RAN" not in completed.stdout
     assert "'SparseTensor' object has no attribute 'device'" in (
         completed.stderr
+    )
+
+
+# One worker of a MultiWorkerMirroredStrategy cluster (TF_CONFIG), or, without
+# TF_CONFIG, the same training in one process. Keras' own `model.fit` cannot
+# run even a plain model under this strategy on this TensorFlow (see
+# `test_keras_fit_fails_under_multi_worker_mirrored_strategy`), so the step is
+# a custom loop through `strategy.run`.
+WORKER = r"""
+import json
+import numpy as np
+import tensorflow as tf
+import keras
+import keras_tpu_embed as kte
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+rng = np.random.default_rng(0)
+N, BATCH, VOCAB = 32, 8, 12
+features = {
+    "item": rng.integers(-1, VOCAB, size=(N, 2)).astype(np.int64),
+    "tag": rng.integers(-1, VOCAB, size=(N, 2)).astype(np.int64),
+}
+labels = rng.normal(size=(N, 1)).astype(np.float32)
+keras.utils.set_random_seed(1)
+with strategy.scope():
+    item = kte.embedding_column(
+        kte.categorical_column_with_identity("item", VOCAB), 4, combiner="sum"
+    )
+    tag = kte.embedding_column(
+        kte.categorical_column_with_identity("tag", VOCAB),
+        3,
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=[None, 2],
+    )
+    layer = kte.TPUEmbeddingLayer(
+        [item, tag],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.4)),
+        output="concat",
+    )
+    inputs = {k: keras.Input((2,), dtype="int64", name=k) for k in features}
+    model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+batches = tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH)
+data = kte.distribute_dataset(strategy, batches)
+
+
+@tf.function
+def step(x, y):
+    def replica(x, y):
+        with tf.GradientTape() as tape:
+            errors = tf.square(model(x, training=True) - y)[:, 0]
+            loss = tf.nn.compute_average_loss(errors, global_batch_size=BATCH)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply(gradients, model.trainable_variables)
+
+    strategy.run(replica, args=(x, y))
+
+
+for _ in range(2):
+    for x, y in data:
+        step(x, y)
+state = {
+    name: np.asarray(layer.table_variable(name).value).tolist()
+    for name in ("item", "tag")
+}
+state["accumulators"] = np.asarray(
+    layer.slot_variables("item")["accumulators"].value
+).tolist()
+print(json.dumps({
+    "replicas": strategy.num_replicas_in_sync,
+    "step": int(layer.embedding_step.numpy()),
+    "state": state,
+}))
+"""
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _start_workers(script, tmp_path, count=2):
+    addresses = [f"127.0.0.1:{port}" for port in _free_ports(count)]
+    workers = []
+    for index in range(count):
+        config = {
+            "cluster": {"worker": addresses},
+            "task": {"type": "worker", "index": index},
+        }
+        environment = dict(
+            os.environ, TF_CONFIG=json.dumps(config), TF_CPP_MIN_LOG_LEVEL="3"
+        )
+        workers.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=environment,
+            )
+        )
+    return workers
+
+
+def _finish(workers, timeout=150):
+    """Every worker's (returncode, stdout, stderr); killed past `timeout`."""
+    results = []
+    try:
+        for worker in workers:
+            out, err = worker.communicate(timeout=timeout)
+            results.append((worker.returncode, out, err))
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    return results
+
+
+def test_two_workers_train_as_one_process(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    workers = _start_workers(script, tmp_path)
+    single = testing.run_python(
+        str(script), timeout=150, TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    results = _finish(workers)
+    for code, _, err in results:
+        assert code == 0, err[-4000:]
+    assert single.returncode == 0, single.stderr[-4000:]
+    one = json.loads(single.stdout.strip().splitlines()[-1])
+    first, second = (
+        json.loads(out.strip().splitlines()[-1]) for _, out, _ in results
+    )
+    assert one["replicas"] == 1 and first["replicas"] == 2
+    # 4 global batches, 2 epochs: 8 steps everywhere.
+    assert one["step"] == first["step"] == second["step"] == 8
+    for name, want in one["state"].items():
+        assert first["state"][name] == second["state"][name], name
+        np.testing.assert_allclose(first["state"][name], want, atol=1e-5)
+    # The tables did train: the accumulators left their initial 0.1.
+    accumulators = np.array(one["state"]["accumulators"])
+    assert np.max(np.abs(accumulators - 0.1)) > 0.01
+
+
+# A plain Keras model under MultiWorkerMirroredStrategy (upstream:
+# keras-team/keras#20585).
+PLAIN_MULTI_WORKER_FIT = r"""
+import tensorflow as tf
+import keras
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    model.compile("sgd", "mse")
+data = tf.data.Dataset.from_tensor_slices(
+    (tf.ones([8, 3]), tf.ones([8, 1]))
+).batch(4)
+model.fit(data, verbose=0)
+print("FIT RAN")
+"""
+
+
+def test_keras_fit_fails_under_multi_worker_mirrored_strategy(tmp_path):
+    """Why the two workers above train in a custom loop.
+
+    When this fails because `fit` ran on both workers, Keras has fixed it:
+    train the workers above with `model.fit` instead.
+    """
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_MULTI_WORKER_FIT)
+    results = _finish(_start_workers(script, tmp_path))
+    assert all("FIT RAN" not in out for _, out, _ in results)
+    assert any(
+        "unsupported type" in err and "PerReplica" in err
+        for _, _, err in results
     )
