@@ -172,14 +172,50 @@ def train(strategy):
             copies[name] = [np.asarray(v) for v in local]
     step = [int(v) for v in strategy.experimental_local_results(
         layer.embedding_step.value)]
-    return state, copies, step, np.asarray(predictions)
+    return state, copies, step, np.asarray(predictions), model
 
 
-one_state, _, one_step, one_pred = train(
+one_state, _, one_step, one_pred, one_model = train(
     tf.distribute.OneDeviceStrategy("/cpu:0")
 )
 mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-state, copies, step, pred = train(mirrored)
+state, copies, step, pred, model = train(mirrored)
+saved = {}
+if loop == "save":
+    import tempfile
+
+    # Each trained model's checkpoint, restored into a fresh model built
+    # on one device, and its serving export, loaded with TensorFlow alone.
+    serve_inputs = {k: tf.constant(v) for k, v in features.items()}
+    for name, trained in (("one", one_model), ("mirrored", model)):
+        directory = tempfile.mkdtemp()
+        prefix = tf.train.Checkpoint(model=trained).write(directory + "/ckpt")
+        fresh, fresh_layer = model_and_layer()
+        tf.train.Checkpoint(model=fresh).read(prefix).expect_partial()
+        tables = {
+            spec.name: np.asarray(fresh_layer.table_variable(spec.name))
+            for spec in fresh_layer.local_table_specs
+        }
+        exported = kte.export_saved_model(trained, directory + "/export")
+        serve = tf.saved_model.load(exported).signatures["serving_default"]
+        outputs = serve(**serve_inputs)
+        saved[name] = (tables, np.asarray(list(outputs.values())[0]))
+    saved = {
+        "checkpoint_difference": max(
+            float(np.max(np.abs(saved["one"][0][k] - saved["mirrored"][0][k])))
+            for k in saved["one"][0]
+        ),
+        "checkpoint_matches_training": max(
+            float(np.max(np.abs(saved["mirrored"][0][k] - state[k])))
+            for k in saved["one"][0]
+        ),
+        "export_difference": float(
+            np.max(np.abs(saved["one"][1] - saved["mirrored"][1]))
+        ),
+        "export_matches_predict": float(
+            np.max(np.abs(saved["mirrored"][1] - pred))
+        ),
+    }
 print(json.dumps({
     "replicas": mirrored.num_replicas_in_sync,
     "max_difference": max(
@@ -193,6 +229,7 @@ print(json.dumps({
     "steps": step,
     "one_device_steps": one_step,
     "prediction_difference": float(np.max(np.abs(pred - one_pred))),
+    **saved,
 }))
 """
 
@@ -222,6 +259,17 @@ def test_two_replicas_train_as_one_device_on_the_global_batch(
     assert result["max_difference"] < 1e-5
     assert result["prediction_difference"] < 1e-5
     assert result["moved"] > 0  # the tables did train
+
+
+@pytest.mark.parametrize("path", ["host", "tensor_core"])
+def test_checkpoints_and_exports_after_two_replicas_match_one_device(
+    tmp_path, path
+):
+    result = _run(tmp_path, "adam", path, "dense", loop="save")
+    assert result["checkpoint_difference"] < 1e-5
+    assert result["checkpoint_matches_training"] == 0
+    assert result["export_difference"] < 1e-5
+    assert result["export_matches_predict"] < 1e-5
 
 
 @pytest.mark.parametrize("form", ["sparse", "ragged"])
