@@ -156,6 +156,10 @@ def train(strategy):
     if loop == "custom":
         custom_loop(strategy, model)
         predictions = np.zeros([1])
+    elif loop == "distribute_dataset":
+        model.fit(kte.distribute_dataset(strategy, dataset()), epochs=2,
+                  verbose=0)
+        predictions = model.predict(dataset(), verbose=0)
     else:
         model.fit(dataset(), epochs=2, verbose=0)
         model.evaluate(dataset(), verbose=0)
@@ -259,6 +263,47 @@ def test_two_replicas_train_as_one_device_on_the_global_batch(
     assert result["max_difference"] < 1e-5
     assert result["prediction_difference"] < 1e-5
     assert result["moved"] > 0  # the tables did train
+
+
+def test_fit_takes_a_batched_dataset_from_distribute_dataset(tmp_path):
+    result = _run(
+        tmp_path, "ftrl", "tensor_core", "dense", "distribute_dataset"
+    )
+    assert result["steps"] == [8, 8]
+    assert result["copies_differ"] == []
+    assert result["max_difference"] < 1e-5
+    assert result["prediction_difference"] < 1e-5
+
+
+JIT_PLAIN_FIT = r"""
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", jit_compile=True)
+model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=4, verbose=0)
+print("FIT RAN")
+"""
+
+
+def test_keras_jit_compile_fails_under_mirrored_cpu_devices():
+    """Why the tensor-core path trains without `jit_compile` above.
+
+    When this fails because `fit` ran, XLA reaches every replica's
+    variables: run the tensor-core cases with `jit_compile=True`.
+    """
+    completed = testing.run_python(
+        "-c", JIT_PLAIN_FIT, TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    assert completed.returncode != 0
+    assert "FIT RAN" not in completed.stdout
+    assert "located in device" in completed.stderr
 
 
 @pytest.mark.parametrize("path", ["host", "tensor_core"])
