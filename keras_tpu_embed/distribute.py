@@ -1,4 +1,9 @@
-"""`distribute_dataset`: input for the TPU embedding engine.
+"""`distribute_dataset`: input for the TPU embedding engine and replicas.
+
+Under any strategy (`TPUStrategy`, `MirroredStrategy`,
+`MultiWorkerMirroredStrategy`) it turns a batched dataset, or single
+examples with a global batch size, into per-replica batches of the global
+batch, sharded once across hosts.
 
 The engine reads its ids from the host: `enqueue` rejects tensors that a
 distributed dataset has already copied to the TPU. So the dataset is

@@ -8,6 +8,8 @@ training call the gathered rows pass through the gradient trap
 (`gradient_trap.py`), whose backward pass applies the embedding optimizer's
 step to the touched rows (`update_rules.py` for the config's rules,
 `optimizers.row_update` for the optimizer's), then counts the step.
+Under a replicated strategy the rows' gradients of every replica are
+combined first (`replicas.py`), so every copy takes the same update.
 """
 
 from __future__ import annotations
