@@ -37,6 +37,8 @@ OPTIMIZERS = {
     "sgd": lambda: kte.optimizers.SGD(0.3, weight_decay_factor=0.01),
     "adagrad": lambda: kte.optimizers.Adagrad(0.4, clipvalue=0.5),
     "adam": lambda: kte.optimizers.Adam(0.1, beta_1=0.8, epsilon=1e-3),
+    # Non-lazy: every row moves each step, a dense update of each copy.
+    "adam_dense": lambda: kte.optimizers.Adam(0.05, lazy_adam=False),
     "ftrl": lambda: kte.optimizers.FTRL(
         0.5, l1_regularization_strength=0.01, l2_regularization_strength=0.1
     ),
@@ -250,7 +252,9 @@ def _run(tmp_path, optimizer, path, form, loop="fit"):
 
 
 @pytest.mark.parametrize("path", ["host", "tensor_core"])
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam", "ftrl"])
+@pytest.mark.parametrize(
+    "optimizer", ["sgd", "adagrad", "adam", "adam_dense", "ftrl"]
+)
 def test_two_replicas_train_as_one_device_on_the_global_batch(
     tmp_path, optimizer, path
 ):
