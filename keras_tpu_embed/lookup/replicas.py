@@ -1,7 +1,8 @@
 """Row gradients of every replica, combined: one update per step for all.
 
-Under a replicated strategy (`MirroredStrategy`, `MultiWorkerMirroredStrategy`,
-a `TPUStrategy` without an embedding engine) every replica holds its own copy
+Under a replicated strategy (`MirroredStrategy`, `MultiWorkerMirroredStrategy`;
+a `TPUStrategy` without an embedding engine runs the same code, but never ran
+on a TPU here) every replica holds its own copy
 of each table and slot (Keras' default variable aggregation, `"none"`). Each
 replica sees a slice of the global batch, but the TPU embedding engine's rule
 is one update per step on the global batch's summed row gradient. So the
