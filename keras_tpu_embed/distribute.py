@@ -1,4 +1,9 @@
-"""`distribute_dataset`: input for the TPU embedding engine.
+"""`distribute_dataset`: input for the TPU embedding engine and replicas.
+
+Under any strategy (`TPUStrategy`, `MirroredStrategy`,
+`MultiWorkerMirroredStrategy`) it turns a batched dataset, or single
+examples with a global batch size, into per-replica batches of the global
+batch, sharded once across hosts.
 
 The engine reads its ids from the host: `enqueue` rejects tensors that a
 distributed dataset has already copied to the TPU. So the dataset is
@@ -66,17 +71,24 @@ def distribute_dataset(
     """Distributes examples so that embedding ids stay on the host.
 
     Args:
-        strategy: The `tf.distribute` strategy the model is built under
-            (`TPUStrategy` on TPU; any strategy works).
-        dataset_or_fn: A `tf.data.Dataset` of single examples (features,
-            labels), which is split over the input hosts; or a function of
+        strategy: The `tf.distribute` strategy the model is built under:
+            `TPUStrategy`, `MirroredStrategy`,
+            `MultiWorkerMirroredStrategy`, or the default one.
+        dataset_or_fn: A batched `tf.data.Dataset` (without
+            `global_batch_size`): its batches are the global batches, each
+            split over the replicas in order; a batch of another size than
+            the first (a short last batch) is dropped. Or a
+            `tf.data.Dataset` of single examples (features, labels), with
+            `global_batch_size`, which is split over the input hosts; or a
+            function of
             `tf.distribute.InputContext` that returns this host's dataset of
             single examples (it shards itself, e.g. by file); or a
             distributed dataset already made with
             `experimental_fetch_to_device=False`, returned as it is.
-        global_batch_size: The batch over all replicas; each replica gets
-            `global_batch_size / num_replicas_in_sync` examples, with the
-            last partial batch dropped so that shapes are static.
+        global_batch_size: The batch over all replicas, for single
+            examples; each replica gets `global_batch_size /
+            num_replicas_in_sync` examples, with the last partial batch
+            dropped so that shapes are static. `None` for a batched dataset.
         preprocessor: Applied on the host to the features of each
             per-replica batch (the first item of `(features, labels)`
             elements), typically a `kte.FeaturePreprocessor`, so that raw
@@ -96,7 +108,8 @@ def distribute_dataset(
     Raises:
         ValueError: a distributed dataset that fetches to device, a batch
             size that is not a positive multiple of the replica count, a
-            missing batch size, or (with an engine) sparse ids with negative
+            function without a batch size, a dataset of single examples
+            without one, or (with an engine) sparse ids with negative
             values whose weight feature cannot be told.
 
     Example:
@@ -107,6 +120,9 @@ def distribute_dataset(
     >>> batches = distribute_dataset(strategy, examples, global_batch_size=4)
     >>> [int(x["item"].shape[0]) for x, _ in batches]
     [4, 4]
+    >>> batched = distribute_dataset(strategy, examples.batch(4))
+    >>> [x["item"].numpy().tolist() for x, _ in batched]
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
     """
     if isinstance(dataset_or_fn, tf.distribute.DistributedDataset):
         if _fetches_to_device(dataset_or_fn):
@@ -119,13 +135,21 @@ def distribute_dataset(
                 "experimental_fetch_to_device=False)."
             )
         return dataset_or_fn
+    batched = global_batch_size is None and isinstance(
+        dataset_or_fn, tf.data.Dataset
+    )
+    if batched:
+        global_batch_size = batch_size_of(dataset_or_fn)
     if global_batch_size is None:
         raise ValueError(
-            "`global_batch_size` is required: distribute_dataset batches "
+            "`global_batch_size` is required with a function of "
+            "tf.distribute.InputContext: distribute_dataset batches its "
             "single examples per replica (with drop_remainder=True)."
         )
     _check_global_batch_size(strategy, global_batch_size)
-    if isinstance(dataset_or_fn, tf.data.Dataset):
+    if batched:
+        make_host_dataset = _host_slices(dataset_or_fn, global_batch_size)
+    elif isinstance(dataset_or_fn, tf.data.Dataset):
         make_host_dataset = _sharded(dataset_or_fn)
     elif callable(dataset_or_fn):
         make_host_dataset = dataset_or_fn
@@ -153,6 +177,78 @@ def distribute_dataset(
         dataset_fn,
         options=tf.distribute.InputOptions(experimental_fetch_to_device=False),
     )
+
+
+def batch_size_of(dataset: Any) -> int:
+    """The size of a batched dataset's batches: static, else its first.
+
+    Raises:
+        ValueError: the dataset has a scalar component (it holds single
+            examples: pass `global_batch_size`), or it is empty.
+    """
+    specs = tf.nest.flatten(dataset.element_spec)
+    scalars = [spec for spec in specs if spec.shape.rank == 0]
+    if scalars:
+        raise ValueError(
+            "distribute_dataset got a tf.data.Dataset without "
+            "`global_batch_size`, so it takes it as batched, but its elements "
+            f"have scalar components ({scalars[0]}): it holds single "
+            "examples. Pass global_batch_size=..., or batch it with "
+            "dataset.batch(global_batch_size) first."
+        )
+    static = {int(s.shape[0]) for s in specs if s.shape[0] is not None}
+    if len(static) == 1:
+        return static.pop()
+    for first in dataset.take(1):
+        return int(_rows(tf.nest.flatten(first)[0]))
+    raise ValueError("distribute_dataset got an empty batched dataset.")
+
+
+def _rows(value: Any) -> Any:
+    if isinstance(value, tf.SparseTensor):
+        return value.dense_shape[0]
+    if isinstance(value, tf.RaggedTensor):
+        return value.nrows()
+    return tf.shape(value)[0]
+
+
+def _host_slices(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
+    """Each host's slice of every full global batch, as single examples.
+
+    A batch of another size (the short last one) is dropped: a step needs
+    the same global batch everywhere, and static shapes on a TPU. Each
+    host reads every batch and keeps its own slice, so the data is
+    sharded once, here (`distribute_datasets_from_function` shards none).
+    """
+
+    def host_dataset(context: Any) -> Any:
+        hosts, host = context.num_input_pipelines, context.input_pipeline_id
+        share = global_batch_size // hosts
+        full = dataset.filter(
+            lambda *batch: tf.equal(
+                _rows(tf.nest.flatten(batch)[0]), global_batch_size
+            )
+        )
+        if hosts > 1:
+            full = full.map(lambda *batch: _sliced(batch, host * share, share))
+        return full.unbatch()
+
+    return host_dataset
+
+
+def _sliced(batch: tuple[Any, ...], start: int, size: int) -> Any:
+    def cut(value: Any) -> Any:
+        if isinstance(value, tf.SparseTensor):
+            shape = tf.unstack(value.dense_shape)
+            return tf.sparse.slice(
+                value,
+                [start] + [0] * (len(shape) - 1),
+                [size] + shape[1:],
+            )
+        return value[start : start + size]
+
+    sliced = tf.nest.map_structure(cut, batch)
+    return sliced[0] if len(sliced) == 1 else sliced
 
 
 def _sharded(dataset: Any) -> Callable[[Any], Any]:

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from keras_tpu_embed import distribute
 from keras_tpu_embed.distribute import drop_negative_ids
 
 
@@ -52,10 +53,40 @@ def test_distributed_datasets_that_fetch_to_device_are_refused():
     assert kte.distribute_dataset(strategy, on_host) is on_host
 
 
+def test_a_batched_dataset_keeps_its_global_batches():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    numbers = tf.data.Dataset.range(10).map(lambda i: ({"item": i}, -i))
+    batches = kte.distribute_dataset(strategy, numbers.batch(4))
+    # The short last batch [8, 9] is dropped; the others stay whole.
+    got = [(x["item"].numpy().tolist(), y.numpy().tolist()) for x, y in batches]
+    assert got == [
+        ([0, 1, 2, 3], [0, -1, -2, -3]),
+        ([4, 5, 6, 7], [-4, -5, -6, -7]),
+    ]
+    ragged = kte.distribute_dataset(strategy, _examples().batch(3))
+    sizes = [int(x["item"].dense_shape[0]) for x, _ in ragged]
+    assert sizes == [3, 3, 3]
+
+
+def test_each_host_takes_its_slice_of_every_global_batch():
+    numbers = tf.data.Dataset.range(9).map(
+        lambda i: {"dense": i, "sparse": tf.sparse.from_dense([i + 100])}
+    )
+    second_host = types.SimpleNamespace(
+        num_input_pipelines=2, input_pipeline_id=1
+    )
+    host = distribute._host_slices(numbers.batch(4), 4)(second_host)
+    got = [(int(x["dense"]), x["sparse"].values.numpy().tolist()) for x in host]
+    # Examples 2, 3 of [0..3] and 6, 7 of [4..7]; the batch [8] is dropped.
+    assert got == [(2, [102]), (3, [103]), (6, [106]), (7, [107])]
+
+
 def test_bad_batch_sizes_and_inputs():
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    with pytest.raises(ValueError, match="`global_batch_size` is required"):
+    with pytest.raises(ValueError, match="scalar components"):
         kte.distribute_dataset(strategy, _examples())
+    with pytest.raises(ValueError, match="`global_batch_size` is required"):
+        kte.distribute_dataset(strategy, lambda context: _examples())
     with pytest.raises(ValueError, match="positive int"):
         kte.distribute_dataset(strategy, _examples(), 0)
     three_replicas = types.SimpleNamespace(num_replicas_in_sync=3)

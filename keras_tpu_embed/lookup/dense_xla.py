@@ -15,6 +15,7 @@ and drops weights; this path supports "sqrtn", weights and sequences.
 from __future__ import annotations
 
 from typing import Any
+from typing import Callable
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.ids import PADDING_ID
@@ -279,12 +280,25 @@ class DenseTableLookup:
         return values
 
     def update_arguments(
-        self, gradient: Tensor, updates_all_rows: bool
+        self,
+        gradient: Tensor,
+        updates_all_rows: bool,
+        across_replicas: Callable[..., list[Tensor]] | None = None,
     ) -> dict[str, Any]:
-        """`apply_update` keyword arguments for the entries' gradient."""
+        """`apply_update` keyword arguments for the entries' gradient.
+
+        Args:
+            gradient: Every entry's gradient, `[entries, dim]`.
+            updates_all_rows: Whether the optimizer's step is dense.
+            across_replicas: Concatenates tensors over every replica (see
+                `lookup/replicas.py`): the entries of the global batch are
+                deduplicated together, with static shapes still.
+        """
         ids = tf.maximum(self._flat_ids, 0)
         kept = self._flat_kept
         gradient = tf.where(kept[:, tf.newaxis], gradient, 0.0)
+        if across_replicas is not None:
+            ids, gradient, kept = across_replicas(ids, gradient, kept)
         if updates_all_rows:
             # A dense step scatters (sums) every entry's gradient itself.
             return {"unique_ids": ids, "gradient": gradient}

@@ -8,6 +8,8 @@ training call the gathered rows pass through the gradient trap
 (`gradient_trap.py`), whose backward pass applies the embedding optimizer's
 step to the touched rows (`update_rules.py` for the config's rules,
 `optimizers.row_update` for the optimizer's), then counts the step.
+Under a replicated strategy the rows' gradients of every replica are
+combined first (`replicas.py`), so every copy takes the same update.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.lookup import dense_xla
+from keras_tpu_embed.lookup import replicas
 from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
@@ -166,10 +169,13 @@ class LocalTables:
         config = self.config
         optimizer = config.optimizer
         step = self._step.value
+        across_replicas = replicas.row_gradient_gather()
         updates = []
         for table, lookup, gradient in zip(self.tables, lookups, gradients):
             arguments = lookup.update_arguments(
-                gradient, optimizer.updates_all_rows()
+                gradient,
+                optimizer.updates_all_rows(),
+                across_replicas=across_replicas,
             )
             arguments["gradient"] = update_rules.scale_and_clip(
                 arguments["gradient"], config, step
@@ -184,6 +190,11 @@ class LocalTables:
                 **arguments,
             )
         with tf.control_dependencies(updates):
-            if self._counts_step:
-                return self._step.value.assign_add(1).read_value()
+            if not self._counts_step:
+                return tf.identity(self._step.value)
+            # In a replica context the step (aggregation
+            # "only_first_replica") is added to once for all copies, in a
+            # merge call that returns a plain tensor, not a variable.
+            counted = self._step.value.assign_add(1)
+        with tf.control_dependencies([counted]):
             return tf.identity(self._step.value)

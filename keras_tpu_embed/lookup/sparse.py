@@ -11,6 +11,7 @@ come out `[batch, max_sequence_length, dim]`, zero-padded.
 from __future__ import annotations
 
 from typing import Any
+from typing import Callable
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.ids import IdBatch
@@ -259,14 +260,31 @@ class SparseTableLookup:
         return outputs
 
     def update_arguments(
-        self, gradient: Tensor, updates_all_rows: bool
+        self,
+        gradient: Tensor,
+        updates_all_rows: bool,
+        across_replicas: Callable[..., list[Tensor]] | None = None,
     ) -> dict[str, Any]:
-        """`apply_update` keyword arguments for the trapped rows' gradient."""
-        return {
-            "unique_ids": self._unique_ids,
-            "gradient": gradient,
-            "rows": self._rows,
-        }
+        """`apply_update` keyword arguments for the trapped rows' gradient.
+
+        Args:
+            gradient: The gradient of the distinct rows, `[n_unique, dim]`.
+            updates_all_rows: Unused: the update scatters the rows itself.
+            across_replicas: Concatenates tensors over every replica (see
+                `lookup/replicas.py`); the rows of the global batch are then
+                deduplicated again and their gradients summed.
+        """
+        if across_replicas is None:
+            return {
+                "unique_ids": self._unique_ids,
+                "gradient": gradient,
+                "rows": self._rows,
+            }
+        ids, gradients = across_replicas(self._unique_ids, gradient)
+        unique, index = distinct(ids, self.table.vocabulary_size)
+        summed = tf.math.unsorted_segment_sum(gradients, index, tf.size(unique))
+        # The forward pass gathered this replica's rows only.
+        return {"unique_ids": unique, "gradient": summed}
 
 
 def distinct(ids: Tensor, vocabulary_size: int) -> tuple[Tensor, Tensor]:

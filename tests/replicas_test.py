@@ -1,0 +1,572 @@
+"""Training under `MirroredStrategy`: N replicas make one device's update.
+
+Two logical CPU devices stand in for two GPUs: they must be configured
+before TensorFlow initializes, so each case runs in a fresh process. They
+share this machine's cores, so these tests prove the numbers, not a speed-up.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_tpu_embed.lookup import replicas
+from tests import testing
+
+# Trains the same model on one device and under MirroredStrategy over two
+# logical CPUs, on the same global batches; prints what the test compares.
+SCRIPT = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras
+import keras_tpu_embed as kte
+
+optimizer_name, path, form, loop = sys.argv[1:5]
+OPTIMIZERS = {
+    "sgd": lambda: kte.optimizers.SGD(0.3, weight_decay_factor=0.01),
+    "adagrad": lambda: kte.optimizers.Adagrad(0.4, clipvalue=0.5),
+    "adam": lambda: kte.optimizers.Adam(0.1, beta_1=0.8, epsilon=1e-3),
+    # Non-lazy: every row moves each step, a dense update of each copy.
+    "adam_dense": lambda: kte.optimizers.Adam(0.05, lazy_adam=False),
+    "ftrl": lambda: kte.optimizers.FTRL(
+        0.5, l1_regularization_strength=0.01, l2_regularization_strength=0.1
+    ),
+}
+device = "tpu_tensor_core" if path == "tensor_core" else None
+rng = np.random.default_rng(0)
+# "short": a last batch of 3, which Keras splits 2 + 1 over the replicas.
+N, BATCH, VOCAB = 35 if form == "short" else 32, 8, 12
+
+
+def padded(width, low=-1):
+    return rng.integers(low, VOCAB, size=(N, width)).astype(np.int64)
+
+
+features = {
+    "item": padded(2),
+    "hist": padded(3),
+    "tag": padded(2),
+    "tag_w": rng.uniform(0.5, 2.0, size=(N, 2)).astype(np.float32),
+}
+labels = rng.normal(size=(N, 1)).astype(np.float32)
+
+
+def columns():
+    item = kte.categorical_column_with_identity("item", VOCAB)
+    hist = kte.sequence_categorical_column_with_identity("hist", VOCAB)
+    shared = kte.shared_embedding_columns(
+        [item, hist],
+        4,
+        combiner="sum",
+        max_sequence_lengths=[0, 3],
+        # The step each replica reads must be the global one.
+        learning_rate_fn=lambda step: 0.2 / (1.0 + tf.cast(step, tf.float32)),
+        embedding_lookup_device=device,
+        tensor_core_shape=[None, 2] if device else None,
+    )
+    tag = kte.weighted_categorical_column(
+        kte.categorical_column_with_identity("tag", VOCAB), "tag_w"
+    )
+    tagged = kte.embedding_column(
+        tag,
+        3,
+        combiner="mean",
+        embedding_lookup_device=device,
+        tensor_core_shape=[None, 2] if device else None,
+    )
+    return shared + [tagged]
+
+
+def model_and_layer():
+    config = kte.EmbeddingConfig(
+        optimizer=OPTIMIZERS[optimizer_name](),
+        gradient_multiplier_fn=lambda step: 1.0 + 0.5 * tf.cast(
+            step % 2, tf.float32
+        ),
+    )
+    layer = kte.TPUEmbeddingLayer(columns(), config=config)
+    inputs = {
+        "item": keras.Input((2,), dtype="int64", name="item"),
+        "hist": keras.Input((3,), dtype="int64", name="hist"),
+        "tag": keras.Input((2,), dtype="int64", name="tag"),
+        "tag_w": keras.Input((2,), dtype="float32", name="tag_w"),
+    }
+    out = layer(inputs)
+    flat = keras.layers.Concatenate()(
+        [keras.layers.Flatten()(out[key]) for key in sorted(out)]
+    )
+    model = keras.Model(inputs, keras.layers.Dense(1)(flat))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model, layer
+
+
+def dataset():
+    data = tf.data.Dataset.from_tensor_slices((features, labels))
+    data = data.batch(BATCH)
+    if form == "ragged":
+        def to_ragged(x, y):
+            x = dict(x)
+            for key in ("item", "hist", "tag"):
+                x[key] = tf.RaggedTensor.from_tensor(x[key], padding=-1)
+            x["tag_w"] = tf.RaggedTensor.from_tensor(
+                x["tag_w"], lengths=x["tag"].row_lengths()
+            )
+            return x, y
+        data = data.map(to_ragged)
+    if form == "sparse":
+        # What the preprocessor makes of raw ids on the host path.
+        preprocessor = kte.FeaturePreprocessor(columns())
+        data = data.map(lambda x, y: (preprocessor(x), y))
+    return data
+
+
+def custom_loop(strategy, model):
+    # Keras' model.fit cannot take sparse or ragged inputs under
+    # MirroredStrategy: a replica step of our own, as a user would write.
+    @tf.function
+    def step(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                errors = tf.square(model(x, training=True) - y)[:, 0]
+                loss = tf.nn.compute_average_loss(
+                    errors, global_batch_size=BATCH
+                )
+            gradients = tape.gradient(loss, model.trainable_variables)
+            model.optimizer.apply(gradients, model.trainable_variables)
+
+        strategy.run(replica, args=(x, y))
+
+    for _ in range(2):
+        for x, y in strategy.experimental_distribute_dataset(dataset()):
+            step(x, y)
+
+
+def train(strategy):
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model, layer = model_and_layer()
+    if loop == "custom":
+        custom_loop(strategy, model)
+        predictions = np.zeros([1])
+    elif loop == "distribute_dataset":
+        model.fit(kte.distribute_dataset(strategy, dataset()), epochs=2,
+                  verbose=0)
+        predictions = model.predict(dataset(), verbose=0)
+    else:
+        model.fit(dataset(), epochs=2, verbose=0)
+        model.evaluate(dataset(), verbose=0)
+        predictions = model.predict(dataset(), verbose=0)
+    state = {}
+    copies = {}
+    for spec in layer.local_table_specs:
+        variables = {spec.name: layer.table_variable(spec.name)}
+        for slot, var in layer.slot_variables(spec.name).items():
+            variables[f"{spec.name}/{slot}"] = var
+        for name, var in variables.items():
+            local = strategy.experimental_local_results(var.value)
+            state[name] = np.asarray(local[0])
+            copies[name] = [np.asarray(v) for v in local]
+    step = [int(v) for v in strategy.experimental_local_results(
+        layer.embedding_step.value)]
+    return state, copies, step, np.asarray(predictions), model
+
+
+one_state, _, one_step, one_pred, one_model = train(
+    tf.distribute.OneDeviceStrategy("/cpu:0")
+)
+mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+state, copies, step, pred, model = train(mirrored)
+saved = {}
+if loop == "save":
+    import tempfile
+
+    # Each trained model's checkpoint, restored into a fresh model built
+    # on one device, and its serving export, loaded with TensorFlow alone.
+    serve_inputs = {k: tf.constant(v) for k, v in features.items()}
+    for name, trained in (("one", one_model), ("mirrored", model)):
+        directory = tempfile.mkdtemp()
+        prefix = tf.train.Checkpoint(model=trained).write(directory + "/ckpt")
+        fresh, fresh_layer = model_and_layer()
+        tf.train.Checkpoint(model=fresh).read(prefix).expect_partial()
+        tables = {
+            spec.name: np.asarray(fresh_layer.table_variable(spec.name))
+            for spec in fresh_layer.local_table_specs
+        }
+        exported = kte.export_saved_model(trained, directory + "/export")
+        serve = tf.saved_model.load(exported).signatures["serving_default"]
+        outputs = serve(**serve_inputs)
+        saved[name] = (tables, np.asarray(list(outputs.values())[0]))
+    saved = {
+        "checkpoint_difference": max(
+            float(np.max(np.abs(saved["one"][0][k] - saved["mirrored"][0][k])))
+            for k in saved["one"][0]
+        ),
+        "checkpoint_matches_training": max(
+            float(np.max(np.abs(saved["mirrored"][0][k] - state[k])))
+            for k in saved["one"][0]
+        ),
+        "export_difference": float(
+            np.max(np.abs(saved["one"][1] - saved["mirrored"][1]))
+        ),
+        "export_matches_predict": float(
+            np.max(np.abs(saved["mirrored"][1] - pred))
+        ),
+    }
+print(json.dumps({
+    "replicas": mirrored.num_replicas_in_sync,
+    "max_difference": max(
+        float(np.max(np.abs(state[k] - one_state[k]))) for k in one_state
+    ),
+    "copies_differ": [
+        k for k, v in copies.items()
+        if len(v) != 2 or not np.array_equal(v[0], v[1])
+    ],
+    "moved": min(float(np.max(np.abs(v - v.mean()))) for v in state.values()),
+    "steps": step,
+    "one_device_steps": one_step,
+    "prediction_difference": float(np.max(np.abs(pred - one_pred))),
+    **saved,
+}))
+"""
+
+
+def _run(tmp_path, optimizer, path, form, loop="fit"):
+    # A file, not `-c`: Keras reads the source of the script's lambdas.
+    script = tmp_path / "replicated.py"
+    script.write_text(SCRIPT)
+    completed = testing.run_python(
+        str(script), optimizer, path, form, loop, TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("path", ["host", "tensor_core"])
+@pytest.mark.parametrize(
+    "optimizer", ["sgd", "adagrad", "adam", "adam_dense", "ftrl"]
+)
+def test_two_replicas_train_as_one_device_on_the_global_batch(
+    tmp_path, optimizer, path
+):
+    result = _run(tmp_path, optimizer, path, "dense")
+    assert result["replicas"] == 2
+    # 4 global batches of 8 examples, 2 epochs: 8 steps on every copy.
+    assert result["one_device_steps"] == [8]
+    assert result["steps"] == [8, 8]
+    assert result["copies_differ"] == []
+    assert result["max_difference"] < 1e-5
+    assert result["prediction_difference"] < 1e-5
+    assert result["moved"] > 0  # the tables did train
+
+
+@pytest.mark.parametrize("path", ["host", "tensor_core"])
+def test_replicas_with_unequal_shares_of_a_short_batch_stay_identical(
+    tmp_path, path
+):
+    # Keras weighs the short batch per replica, so it is not compared with
+    # one device; the copies must still agree after every step.
+    result = _run(tmp_path, "adagrad", path, "short")
+    assert result["steps"] == [10, 10]
+    assert result["copies_differ"] == []
+
+
+def test_fit_takes_a_batched_dataset_from_distribute_dataset(tmp_path):
+    result = _run(
+        tmp_path, "ftrl", "tensor_core", "dense", "distribute_dataset"
+    )
+    assert result["steps"] == [8, 8]
+    assert result["copies_differ"] == []
+    assert result["max_difference"] < 1e-5
+    assert result["prediction_difference"] < 1e-5
+
+
+JIT_PLAIN_FIT = r"""
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", jit_compile=True)
+model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=4, verbose=0)
+print("FIT RAN")
+"""
+
+
+def test_keras_jit_compile_fails_under_mirrored_cpu_devices():
+    """Why the tensor-core path trains without `jit_compile` above.
+
+    When this fails because `fit` ran, XLA reaches every replica's
+    variables: run the tensor-core cases with `jit_compile=True`.
+    """
+    completed = testing.run_python(
+        "-c", JIT_PLAIN_FIT, TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    assert completed.returncode != 0
+    assert "FIT RAN" not in completed.stdout
+    assert "located in device" in completed.stderr
+
+
+@pytest.mark.parametrize("path", ["host", "tensor_core"])
+def test_checkpoints_and_exports_after_two_replicas_match_one_device(
+    tmp_path, path
+):
+    result = _run(tmp_path, "adam", path, "dense", loop="save")
+    assert result["checkpoint_difference"] < 1e-5
+    assert result["checkpoint_matches_training"] == 0
+    assert result["export_difference"] < 1e-5
+    assert result["export_matches_predict"] < 1e-5
+
+
+@pytest.mark.parametrize("form", ["sparse", "ragged"])
+def test_sparse_and_ragged_ids_train_in_a_replicated_custom_loop(
+    tmp_path, form
+):
+    result = _run(tmp_path, "adagrad", "host", form, loop="custom")
+    assert result["steps"] == [8, 8]
+    assert result["copies_differ"] == []
+    assert result["max_difference"] < 1e-5
+    assert result["moved"] > 0
+
+
+def test_one_device_has_nothing_to_combine():
+    assert replicas.replica_count() == 1
+    assert replicas.row_gradient_gather() is None
+    # The default strategy's replica function has one replica as well.
+    strategy = tf.distribute.get_strategy()
+    assert strategy.run(replicas.row_gradient_gather) is None
+
+
+# A plain Keras model, without this package: Keras' `model.fit` under
+# MirroredStrategy averages the first batch across replicas to build the
+# model (`keras/src/backend/tensorflow/trainer.py`, `_maybe_symbolic_build`),
+# which fails on sparse and ragged inputs.
+PLAIN_SPARSE_FIT = r"""
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    inputs = keras.Input((3,), sparse=True)
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    model.compile("sgd", "mse")
+x = tf.sparse.from_dense(tf.eye(4, 3))
+data = tf.data.Dataset.from_tensor_slices((x, tf.ones([4, 1]))).batch(4)
+model.fit(data, verbose=0)
+print("FIT RAN")
+"""
+
+
+def test_keras_fit_takes_no_sparse_inputs_under_mirrored_strategy():
+    """Why sparse and ragged ids are trained in a custom loop above.
+
+    When this fails because `fit` ran, Keras has fixed it: train the
+    sparse and ragged forms through `model.fit` instead.
+    """
+    completed = testing.run_python(
+        "-c", PLAIN_SPARSE_FIT, TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    assert completed.returncode != 0
+    assert "FIT RAN" not in completed.stdout
+    assert "'SparseTensor' object has no attribute 'device'" in (
+        completed.stderr
+    )
+
+
+# One worker of a MultiWorkerMirroredStrategy cluster (TF_CONFIG), or, without
+# TF_CONFIG, the same training in one process. Keras' own `model.fit` cannot
+# run even a plain model under this strategy on this TensorFlow (see
+# `test_keras_fit_fails_under_multi_worker_mirrored_strategy`), so the step is
+# a custom loop through `strategy.run`.
+WORKER = r"""
+import json
+import numpy as np
+import tensorflow as tf
+import keras
+import keras_tpu_embed as kte
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+rng = np.random.default_rng(0)
+N, BATCH, VOCAB = 32, 8, 12
+features = {
+    "item": rng.integers(-1, VOCAB, size=(N, 2)).astype(np.int64),
+    "tag": rng.integers(-1, VOCAB, size=(N, 2)).astype(np.int64),
+}
+labels = rng.normal(size=(N, 1)).astype(np.float32)
+keras.utils.set_random_seed(1)
+with strategy.scope():
+    item = kte.embedding_column(
+        kte.categorical_column_with_identity("item", VOCAB), 4, combiner="sum"
+    )
+    tag = kte.embedding_column(
+        kte.categorical_column_with_identity("tag", VOCAB),
+        3,
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=[None, 2],
+    )
+    layer = kte.TPUEmbeddingLayer(
+        [item, tag],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.4)),
+        output="concat",
+    )
+    inputs = {k: keras.Input((2,), dtype="int64", name=k) for k in features}
+    model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+batches = tf.data.Dataset.from_tensor_slices((features, labels)).batch(BATCH)
+data = kte.distribute_dataset(strategy, batches)
+
+
+@tf.function
+def step(x, y):
+    def replica(x, y):
+        with tf.GradientTape() as tape:
+            errors = tf.square(model(x, training=True) - y)[:, 0]
+            loss = tf.nn.compute_average_loss(errors, global_batch_size=BATCH)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply(gradients, model.trainable_variables)
+
+    strategy.run(replica, args=(x, y))
+
+
+for _ in range(2):
+    for x, y in data:
+        step(x, y)
+state = {
+    name: np.asarray(layer.table_variable(name).value).tolist()
+    for name in ("item", "tag")
+}
+state["accumulators"] = np.asarray(
+    layer.slot_variables("item")["accumulators"].value
+).tolist()
+print(json.dumps({
+    "replicas": strategy.num_replicas_in_sync,
+    "step": int(layer.embedding_step.numpy()),
+    "state": state,
+}))
+"""
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _start_workers(script, tmp_path, count=2):
+    addresses = [f"127.0.0.1:{port}" for port in _free_ports(count)]
+    workers = []
+    for index in range(count):
+        config = {
+            "cluster": {"worker": addresses},
+            "task": {"type": "worker", "index": index},
+        }
+        environment = dict(
+            os.environ, TF_CONFIG=json.dumps(config), TF_CPP_MIN_LOG_LEVEL="3"
+        )
+        workers.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=environment,
+            )
+        )
+    return workers
+
+
+def _finish(workers, timeout=150):
+    """Every worker's (returncode, stdout, stderr); killed past `timeout`."""
+    results = []
+    try:
+        for worker in workers:
+            out, err = worker.communicate(timeout=timeout)
+            results.append((worker.returncode, out, err))
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    return results
+
+
+def test_two_workers_train_as_one_process(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    workers = _start_workers(script, tmp_path)
+    single = testing.run_python(
+        str(script), timeout=150, TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    results = _finish(workers)
+    for code, _, err in results:
+        assert code == 0, err[-4000:]
+    assert single.returncode == 0, single.stderr[-4000:]
+    one = json.loads(single.stdout.strip().splitlines()[-1])
+    first, second = (
+        json.loads(out.strip().splitlines()[-1]) for _, out, _ in results
+    )
+    assert one["replicas"] == 1 and first["replicas"] == 2
+    # 4 global batches, 2 epochs: 8 steps everywhere.
+    assert one["step"] == first["step"] == second["step"] == 8
+    for name, want in one["state"].items():
+        assert first["state"][name] == second["state"][name], name
+        np.testing.assert_allclose(first["state"][name], want, atol=1e-5)
+    # The tables did train: the accumulators left their initial 0.1.
+    accumulators = np.array(one["state"]["accumulators"])
+    assert np.max(np.abs(accumulators - 0.1)) > 0.01
+
+
+# A plain Keras model under MultiWorkerMirroredStrategy (upstream:
+# keras-team/keras#20585).
+PLAIN_MULTI_WORKER_FIT = r"""
+import tensorflow as tf
+import keras
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    model.compile("sgd", "mse")
+data = tf.data.Dataset.from_tensor_slices(
+    (tf.ones([8, 3]), tf.ones([8, 1]))
+).batch(4)
+model.fit(data, verbose=0)
+print("FIT RAN")
+"""
+
+
+def test_keras_fit_fails_under_multi_worker_mirrored_strategy(tmp_path):
+    """Why the two workers above train in a custom loop.
+
+    When this fails because `fit` ran on both workers, Keras has fixed it:
+    train the workers above with `model.fit` instead.
+    """
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_MULTI_WORKER_FIT)
+    results = _finish(_start_workers(script, tmp_path))
+    assert all("FIT RAN" not in out for _, out, _ in results)
+    assert any(
+        "unsupported type" in err and "PerReplica" in err
+        for _, _, err in results
+    )
