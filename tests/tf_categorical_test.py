@@ -59,3 +59,12 @@ def test_every_supported_kind_converts(tmp_path):
         assert column_conversion.to_categorical_column(theirs) == ours
     # Ours pass through.
     assert column_conversion.to_categorical_column(ours) is ours
+
+
+def test_tf_tfrecord_vocabulary_is_refused_by_name(tmp_path):
+    path = str(tmp_path / "v.tfrecord.gz")
+    column = tf.feature_column.categorical_column_with_vocabulary_file(
+        "f", path, vocabulary_size=3, file_format="tfrecord_gzip"
+    )
+    with pytest.raises(ValueError, match="Column 'f'.*tfrecord_gzip"):
+        column_conversion.to_categorical_column(column)

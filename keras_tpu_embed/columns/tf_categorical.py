@@ -53,19 +53,15 @@ def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
             column.num_oov_buckets,
         )
     elif isinstance(column, fc.VocabularyFileCategoricalColumn):
-        if getattr(column, "file_format", None) not in (None, "text"):
-            raise TypeError(
-                f"Column '{column.key}' reads a {column.file_format} "
-                "vocabulary; only text vocabulary files are supported."
-            )
         default = column.default_value
         converted = factories.categorical_column_with_vocabulary_file(
             column.key,
             column.vocabulary_file,
-            column.vocabulary_size,
-            column.num_oov_buckets,
-            None if default == -1 else default,
-            column.dtype,
+            vocabulary_size=column.vocabulary_size,
+            num_oov_buckets=column.num_oov_buckets,
+            default_value=None if default == -1 else default,
+            dtype=column.dtype,
+            file_format=getattr(column, "file_format", None),
         )
     elif isinstance(column, fc.HashedCategoricalColumn):
         converted = factories.categorical_column_with_hash_bucket(
