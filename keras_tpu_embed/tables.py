@@ -27,6 +27,8 @@ class TableSpec:
     initializer: InitializerLike
     learning_rate_fn: LearningRateFn | None
     columns: tuple[AnyEmbeddingColumn, ...]
+    # False: never updated and without optimizer slots.
+    trainable: bool = True
 
 
 def group_into_tables(
@@ -75,6 +77,7 @@ def group_into_tables(
                 initializer=first.initializer,  # type: ignore[arg-type]
                 learning_rate_fn=first.learning_rate_fn,
                 columns=tuple(members),
+                trainable=first.trainable,
             )
         )
     return tables

@@ -135,6 +135,7 @@ def test_table_signature_is_what_a_table_is_made_of():
         "dimension",
         "initializer",
         "learning_rate_fn",
+        "trainable",
         "vocabulary_size",
     ]
     assert signature["vocabulary_size"] == 5 and signature["dimension"] == 2

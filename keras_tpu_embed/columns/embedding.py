@@ -53,6 +53,9 @@ class _EmbeddingSpec:
     embedding_lookup_device: LookupDevice | str | None = None
     tensor_core_shape: tuple[int | None, int] | None = None
     use_safe_embedding_lookup: bool = True
+    # `tf.feature_column.embedding_column`'s `trainable`: False freezes the
+    # table (no update, no optimizer slots).
+    trainable: bool = True
 
     def __post_init__(self) -> None:
         column = self.categorical_column
@@ -80,6 +83,11 @@ class _EmbeddingSpec:
                 self, "initializer", default_initializer(self.dimension)
             )
         _check_max_sequence_length(column, self.max_sequence_length)
+        if not isinstance(self.trainable, bool):
+            raise TypeError(
+                f"`trainable` of column '{column.name}' must be True or "
+                f"False. Received: trainable={self.trainable!r}"
+            )
         if self.learning_rate_fn is not None and not callable(
             self.learning_rate_fn
         ):
@@ -136,6 +144,7 @@ class _EmbeddingSpec:
             "dimension": self.dimension,
             "initializer": _serialize_callable(self.initializer),
             "learning_rate_fn": _serialize_callable(self.learning_rate_fn),
+            "trainable": self.trainable,
         }
 
     def get_config(self) -> dict[str, Any]:

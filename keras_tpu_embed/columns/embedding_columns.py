@@ -31,6 +31,8 @@ def embedding_column(
     embedding_lookup_device: str | None = None,
     tensor_core_shape: Sequence[int | None] | None = None,
     use_safe_embedding_lookup: bool = True,
+    *,
+    trainable: bool = True,
 ) -> EmbeddingColumn:
     """An embedding table looked up by one categorical column.
 
@@ -60,6 +62,9 @@ def embedding_column(
         use_safe_embedding_lookup: Prune invalid ids and, for `"mean"` and
             `"sqrtn"`, non-positive weights, as
             `tf.nn.safe_embedding_lookup_sparse` does.
+        trainable: `tf.feature_column.embedding_column`'s flag: False
+            freezes the table (never updated, no optimizer slots). Not
+            available on the TPU embedding engine.
 
     Returns:
         An `EmbeddingColumn` named `<categorical column name>_embedding`.
@@ -87,6 +92,7 @@ def embedding_column(
         embedding_lookup_device=embedding_lookup_device,
         tensor_core_shape=tensor_core_shape,  # type: ignore[arg-type]
         use_safe_embedding_lookup=use_safe_embedding_lookup,
+        trainable=trainable,
     )
 
 
@@ -105,6 +111,8 @@ def shared_embedding_columns(
     embedding_lookup_device: str | None = None,
     tensor_core_shape: Sequence[int | None] | None = None,
     use_safe_embedding_lookup: bool = True,
+    *,
+    trainable: bool = True,
 ) -> list[SharedEmbeddingColumn]:
     """Embedding columns that look up one shared table.
 
@@ -126,6 +134,7 @@ def shared_embedding_columns(
         embedding_lookup_device: As for `embedding_column`.
         tensor_core_shape: As for `embedding_column`.
         use_safe_embedding_lookup: As for `embedding_column`.
+        trainable: As for `embedding_column`.
 
     Returns:
         A list of `SharedEmbeddingColumn`, in the order of
@@ -206,6 +215,7 @@ def shared_embedding_columns(
             embedding_lookup_device=embedding_lookup_device,
             tensor_core_shape=tensor_core_shape,  # type: ignore[arg-type]
             use_safe_embedding_lookup=use_safe_embedding_lookup,
+            trainable=trainable,
         )
         for column, length in zip(converted, max_sequence_lengths)
     ]
