@@ -11,10 +11,12 @@ import dataclasses
 import json
 from typing import Sequence
 
+from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.types import InitializerLike
 from keras_tpu_embed.types import LearningRateFn
+from keras_tpu_embed.types import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,6 +31,8 @@ class TableSpec:
     columns: tuple[AnyEmbeddingColumn, ...]
     # False: never updated and without optimizer slots.
     trainable: bool = True
+    # Rows are clipped to this L2 norm before combining (None: no clipping).
+    max_norm: float | None = None
 
 
 def group_into_tables(
@@ -78,6 +82,20 @@ def group_into_tables(
                 learning_rate_fn=first.learning_rate_fn,
                 columns=tuple(members),
                 trainable=first.trainable,
+                max_norm=first.max_norm,
             )
         )
     return tables
+
+
+def clip_rows(rows: Tensor, max_norm: float | None) -> Tensor:
+    """`rows` `[..., dim]`, each scaled down to L2 norm `max_norm` if larger.
+
+    The legacy semantics of `max_norm`: `embedding_ops.embedding_lookup`
+    (`tensorflow/python/ops/embedding_ops.py`, `_clip`) clips every gathered
+    row with `clip_by_norm` before `embedding_lookup_sparse` combines them.
+    Rows of zeros (padding) stay zero and have a finite gradient.
+    """
+    if max_norm is None:
+        return rows
+    return tf.clip_by_norm(rows, max_norm, axes=[-1])

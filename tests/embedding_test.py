@@ -135,6 +135,7 @@ def test_table_signature_is_what_a_table_is_made_of():
         "dimension",
         "initializer",
         "learning_rate_fn",
+        "max_norm",
         "trainable",
         "vocabulary_size",
     ]

@@ -38,7 +38,11 @@ def main(work_dir, output_path):
                 values = cases.table_values(name, shape)
                 assignments.append(variable.assign(values))
 
-        dense = cases.dense_columns(vocabulary) + [cases.weighted_sum_column()]
+        dense = (
+            cases.dense_columns(vocabulary)
+            + cases.max_norm_columns()
+            + [cases.weighted_sum_column()]
+        )
         for index, column in enumerate(dense):
             layer = tf.keras.layers.DenseFeatures([column], name=f"df{index}")
             key = column.name + ("__sum" if index == len(dense) - 1 else "")

@@ -9,11 +9,13 @@ conversion. Every column kind, combiner and input form must agree to 1e-6.
 
 import os
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from keras_tpu_embed.columns import input_keys
 from tests import reference_cases as cases
 from tests import testing
 
@@ -131,4 +133,70 @@ def test_sequence_features_match_padded_and_truncated(reference, form):
         np.testing.assert_array_equal(
             ours[column.name + "_sequence_length"].numpy(),
             np.minimum(expected[tf_column.name + "__length"], max_length),
+        )
+
+
+def _tensor_core(tf_column, width=3):
+    """The same column on the dense XLA (`tpu_tensor_core`) lookup."""
+    return kte.embedding_column(
+        tf_column.categorical_column,
+        tf_column.dimension,
+        combiner=tf_column.combiner,
+        max_norm=tf_column.max_norm,
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=[None, width],
+    )
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_max_norm_clips_rows_before_combining(reference, form):
+    expected, _ = reference
+    for tf_column in cases.max_norm_columns():
+        name = tf_column.name
+        for column in (tf_column, _tensor_core(tf_column)):
+            ours = embed([column], form)
+            np.testing.assert_allclose(
+                ours[name].numpy(),
+                expected[name],
+                atol=1e-6,
+                rtol=0,
+                err_msg=f"{name} ({form}, {column})",
+            )
+
+
+def _dense_raw(keys):
+    raw = {}
+    for key in keys:
+        if key in cases.WEIGHT_KEYS:
+            dtype, pad = "float32", 0.0
+        else:
+            dtype, pad = "int64", -1
+        rows = cases.RAW[key]
+        width = max(len(r) for r in rows)
+        raw[key] = {
+            "value": [list(r) + [pad] * (width - len(r)) for r in rows],
+            "dtype": dtype,
+        }
+    return raw
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu_tensor_core"])
+def test_max_norm_survives_serving_export(reference, tmp_path, device):
+    expected, _ = reference
+    columns = [_tensor_core(c) for c in cases.max_norm_columns()]
+    pre = kte.FeaturePreprocessor(columns)
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer(columns)
+    model = keras.Model(inputs, layer(inputs))
+    for table in layer.table_specs:
+        variable = layer.table_variable(table.name)
+        variable.assign(cases.table_values(table.name, variable.shape))
+    path = tmp_path / device
+    kte.export_saved_model(model, str(path), pre, lookup_device=device)
+    served = testing.serve_in_fresh_process(
+        path, _dense_raw(input_keys(columns))
+    )
+    for column in columns:
+        np.testing.assert_allclose(
+            served[column.name], expected[column.name], atol=1e-6, rtol=0
         )

@@ -45,6 +45,10 @@ RAW = {
     "wk_w": [[1.0, 0.0, 2.0], [-1.0], [], [0.5, 3.0]],
     "wi": [[1, 2, 3], [4], [5, 6], []],
     "wi_w": [[2.0, -1.0, 0.5], [0.0], [1.5, 2.5], []],
+    "m1": [[1, 2, 2], [5], [], [19, 0]],
+    "m2": [[3], [8, 9, 4], [0, 11], []],
+    "mw": [[1, 2, 3], [4], [5, 6], []],
+    "mw_w": [[2.0, -1.0, 0.5], [0.0], [1.5, 2.5], []],
     "s1": [[1, 2], [29], [], [3]],
     "s2": [[4], [], [5, 6, 7], [8, 8]],
     # Sequences.
@@ -53,7 +57,7 @@ RAW = {
     "hh": [["x", "y", "z"], ["w"], ["v", "u"], []],
 }
 STRING_KEYS = {"country", "country2", "fruit", "tag", "hv", "hh", "wk"}
-WEIGHT_KEYS = {"wk_w", "wi_w"}
+WEIGHT_KEYS = {"wk_w", "wi_w", "mw_w"}
 
 
 def dense_columns(vocabulary_file):
@@ -114,6 +118,27 @@ def dense_columns(vocabulary_file):
             fc.weighted_categorical_column(identity("wi", 10), "wi_w"),
             3,
             combiner="mean",
+        ),
+    ]
+
+
+def max_norm_columns():
+    """Columns with `max_norm`: rows are clipped before they are combined.
+
+    Table values are standard normal, so rows of 3-4 values have norms
+    around 2 and most are clipped; some stay below the norm.
+    """
+    identity = fc.categorical_column_with_identity
+    return [
+        fc.embedding_column(identity("m1", 20), 4, max_norm=0.8),
+        fc.embedding_column(
+            identity("m2", 13), 3, combiner="sqrtn", max_norm=1.5
+        ),
+        fc.embedding_column(
+            fc.weighted_categorical_column(identity("mw", 10), "mw_w"),
+            4,
+            combiner="mean",
+            max_norm=0.5,
         ),
     ]
 

@@ -175,3 +175,13 @@ def test_frozen_table_is_refused_on_the_engine():
     )
     with pytest.raises(ValueError, match="'user_embedding'.*trainable=False"):
         kte.to_tpu_feature_configs([frozen])
+
+
+def test_max_norm_is_refused_on_the_engine():
+    clipped = tf.feature_column.embedding_column(
+        tf.feature_column.categorical_column_with_identity("user", 10),
+        4,
+        max_norm=0.8,
+    )
+    with pytest.raises(ValueError, match="'user_embedding'.*max_norm=0.8"):
+        kte.to_tpu_feature_configs([clipped])

@@ -56,6 +56,9 @@ class _EmbeddingSpec:
     # `tf.feature_column.embedding_column`'s `trainable`: False freezes the
     # table (no update, no optimizer slots).
     trainable: bool = True
+    # `tf.feature_column.embedding_column`'s `max_norm`: each looked-up row
+    # is clipped to this L2 norm before the combiner.
+    max_norm: float | None = None
 
     def __post_init__(self) -> None:
         column = self.categorical_column
@@ -88,6 +91,20 @@ class _EmbeddingSpec:
                 f"`trainable` of column '{column.name}' must be True or "
                 f"False. Received: trainable={self.trainable!r}"
             )
+        if self.max_norm is not None:
+            if isinstance(self.max_norm, bool) or not isinstance(
+                self.max_norm, (int, float)
+            ):
+                raise TypeError(
+                    f"`max_norm` of column '{column.name}' must be a number "
+                    f"or None. Received: max_norm={self.max_norm!r}"
+                )
+            if not self.max_norm > 0:
+                raise ValueError(
+                    f"`max_norm` of column '{column.name}' must be > 0 (or "
+                    f"None for no clipping). Received: max_norm={self.max_norm}"
+                )
+            object.__setattr__(self, "max_norm", float(self.max_norm))
         if self.learning_rate_fn is not None and not callable(
             self.learning_rate_fn
         ):
@@ -145,6 +162,7 @@ class _EmbeddingSpec:
             "initializer": _serialize_callable(self.initializer),
             "learning_rate_fn": _serialize_callable(self.learning_rate_fn),
             "trainable": self.trainable,
+            "max_norm": self.max_norm,
         }
 
     def get_config(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ def embedding_column(
     use_safe_embedding_lookup: bool = True,
     *,
     trainable: bool = True,
+    max_norm: float | None = None,
 ) -> EmbeddingColumn:
     """An embedding table looked up by one categorical column.
 
@@ -65,6 +66,10 @@ def embedding_column(
         trainable: `tf.feature_column.embedding_column`'s flag: False
             freezes the table (never updated, no optimizer slots). Not
             available on the TPU embedding engine.
+        max_norm: `tf.feature_column.embedding_column`'s clipping: each
+            looked-up row is scaled down to this L2 norm, if larger, before
+            the combiner (host, tensor-core and serving lookups; not
+            available on the TPU embedding engine).
 
     Returns:
         An `EmbeddingColumn` named `<categorical column name>_embedding`.
@@ -93,6 +98,7 @@ def embedding_column(
         tensor_core_shape=tensor_core_shape,  # type: ignore[arg-type]
         use_safe_embedding_lookup=use_safe_embedding_lookup,
         trainable=trainable,
+        max_norm=max_norm,
     )
 
 
@@ -113,6 +119,7 @@ def shared_embedding_columns(
     use_safe_embedding_lookup: bool = True,
     *,
     trainable: bool = True,
+    max_norm: float | None = None,
 ) -> list[SharedEmbeddingColumn]:
     """Embedding columns that look up one shared table.
 
@@ -135,6 +142,7 @@ def shared_embedding_columns(
         tensor_core_shape: As for `embedding_column`.
         use_safe_embedding_lookup: As for `embedding_column`.
         trainable: As for `embedding_column`.
+        max_norm: As for `embedding_column`.
 
     Returns:
         A list of `SharedEmbeddingColumn`, in the order of
@@ -216,6 +224,7 @@ def shared_embedding_columns(
             tensor_core_shape=tensor_core_shape,  # type: ignore[arg-type]
             use_safe_embedding_lookup=use_safe_embedding_lookup,
             trainable=trainable,
+            max_norm=max_norm,
         )
         for column, length in zip(converted, max_sequence_lengths)
     ]

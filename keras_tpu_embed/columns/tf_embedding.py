@@ -85,6 +85,7 @@ def _convert_embedding_column(
             max_sequence_length=_require_no_sequence(categorical),
             use_safe_embedding_lookup=column.use_safe_embedding_lookup,
             trainable=bool(creator._trainable),
+            max_norm=column.max_norm,
         )
     if isinstance(column, fc.EmbeddingColumn):
         categorical = to_categorical_column(column.categorical_column)
@@ -96,6 +97,7 @@ def _convert_embedding_column(
             max_sequence_length=_require_no_sequence(categorical),
             use_safe_embedding_lookup=column.use_safe_embedding_lookup,
             trainable=bool(column.trainable),
+            max_norm=column.max_norm,
         )
     raise TypeError(
         "Expected an embedding column (keras_tpu_embed.embedding_column, "
