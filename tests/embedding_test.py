@@ -132,10 +132,12 @@ def test_table_signature_is_what_a_table_is_made_of():
         ).table_signature()
     )
     assert sorted(signature) == [
+        "ckpt_to_load_from",
         "dimension",
         "initializer",
         "learning_rate_fn",
         "max_norm",
+        "tensor_name_in_ckpt",
         "trainable",
         "vocabulary_size",
     ]

@@ -34,6 +34,8 @@ def embedding_column(
     *,
     trainable: bool = True,
     max_norm: float | None = None,
+    ckpt_to_load_from: str | None = None,
+    tensor_name_in_ckpt: str | None = None,
 ) -> EmbeddingColumn:
     """An embedding table looked up by one categorical column.
 
@@ -70,6 +72,10 @@ def embedding_column(
             looked-up row is scaled down to this L2 norm, if larger, before
             the combiner (host, tensor-core and serving lookups; not
             available on the TPU embedding engine).
+        ckpt_to_load_from: A checkpoint (path or prefix) to start the table
+            from, with `tensor_name_in_ckpt`, the name of a
+            `[vocabulary_size, dimension]` tensor in it. Read when the
+            layer is built; a missing tensor or another shape is an error.
 
     Returns:
         An `EmbeddingColumn` named `<categorical column name>_embedding`.
@@ -99,6 +105,8 @@ def embedding_column(
         use_safe_embedding_lookup=use_safe_embedding_lookup,
         trainable=trainable,
         max_norm=max_norm,
+        ckpt_to_load_from=ckpt_to_load_from,
+        tensor_name_in_ckpt=tensor_name_in_ckpt,
     )
 
 
@@ -120,6 +128,8 @@ def shared_embedding_columns(
     *,
     trainable: bool = True,
     max_norm: float | None = None,
+    ckpt_to_load_from: str | None = None,
+    tensor_name_in_ckpt: str | None = None,
 ) -> list[SharedEmbeddingColumn]:
     """Embedding columns that look up one shared table.
 
@@ -143,6 +153,8 @@ def shared_embedding_columns(
         use_safe_embedding_lookup: As for `embedding_column`.
         trainable: As for `embedding_column`.
         max_norm: As for `embedding_column`.
+        ckpt_to_load_from: As for `embedding_column`.
+        tensor_name_in_ckpt: As for `embedding_column`.
 
     Returns:
         A list of `SharedEmbeddingColumn`, in the order of
@@ -225,6 +237,8 @@ def shared_embedding_columns(
             use_safe_embedding_lookup=use_safe_embedding_lookup,
             trainable=trainable,
             max_norm=max_norm,
+            ckpt_to_load_from=ckpt_to_load_from,
+            tensor_name_in_ckpt=tensor_name_in_ckpt,
         )
         for column, length in zip(converted, max_sequence_lengths)
     ]
