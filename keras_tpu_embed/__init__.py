@@ -4,6 +4,7 @@ from keras_tpu_embed import optimizers as optimizers
 from keras_tpu_embed.checkpoints import engine_checkpoint as engine_checkpoint
 from keras_tpu_embed.checkpoints import restore_tables as restore_tables
 from keras_tpu_embed.checkpoints import validate_tables as validate_tables
+from keras_tpu_embed.columns import bucketized_column as bucketized_column
 from keras_tpu_embed.columns import (
     categorical_column_with_hash_bucket as categorical_column_with_hash_bucket,
 )
@@ -16,7 +17,9 @@ from keras_tpu_embed.columns import (
 from keras_tpu_embed.columns import (
     categorical_column_with_vocabulary_list as categorical_column_with_vocabulary_list,  # noqa: E501
 )
+from keras_tpu_embed.columns import crossed_column as crossed_column
 from keras_tpu_embed.columns import embedding_column as embedding_column
+from keras_tpu_embed.columns import numeric_column as numeric_column
 from keras_tpu_embed.columns import (
     sequence_categorical_column_with_hash_bucket as sequence_categorical_column_with_hash_bucket,  # noqa: E501
 )
@@ -62,10 +65,12 @@ __all__ = [
     "SharedTPUEmbedding",
     "TPUEmbeddingLayer",
     "__version__",
+    "bucketized_column",
     "categorical_column_with_hash_bucket",
     "categorical_column_with_identity",
     "categorical_column_with_vocabulary_file",
     "categorical_column_with_vocabulary_list",
+    "crossed_column",
     "embedding_column",
     "distribute_dataset",
     "engine_checkpoint",
@@ -73,6 +78,7 @@ __all__ = [
     "load_model",
     "load_saved_model",
     "make_parse_example_spec",
+    "numeric_column",
     "optimizers",
     "profile_lookups",
     "restore_tables",

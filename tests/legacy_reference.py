@@ -29,7 +29,10 @@ def main(work_dir, output_path):
     vocabulary = cases.write_vocabulary(work_dir)
     results = {}
     with tf.Graph().as_default():
-        features = {key: cases.reference_input(key) for key in cases.RAW}
+        features = {
+            key: cases.reference_input(key)
+            for key in list(cases.RAW) + list(cases.NUMERIC)
+        }
         fetches, assignments = {}, []
 
         def assign(layer_variables, name):
@@ -41,6 +44,7 @@ def main(work_dir, output_path):
         dense = (
             cases.dense_columns(vocabulary)
             + cases.max_norm_columns()
+            + cases.derived_columns()
             + [cases.weighted_sum_column()]
         )
         for index, column in enumerate(dense):

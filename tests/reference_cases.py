@@ -56,7 +56,29 @@ RAW = {
     "hv": [["apple", "zzz", "cherry"], [], ["date"], ["elder"] * 5],
     "hh": [["x", "y", "z"], ["w"], ["v", "u"], []],
 }
-STRING_KEYS = {"country", "country2", "fruit", "tag", "hv", "hh", "wk"}
+# Dense numeric features (bucketized sources): one row per example.
+NUMERIC = {
+    "price": [[3.0], [15.0], [40.0], [-2.0]],
+    "geo": [[1.0, 50.0], [7.0, 5.0], [2.5, 99.0], [0.0, 60.0]],
+}
+RAW.update(
+    {
+        "ca": [["x", "y"], ["z"], [], ["x", "w", "y"]],
+        "cb": [["p"], ["q", "r"], ["p"], ["s", "t"]],
+        "ci": [[1, 2], [3], [4, 5], []],
+    }
+)
+STRING_KEYS = {
+    "ca",
+    "cb",
+    "country",
+    "country2",
+    "fruit",
+    "tag",
+    "hv",
+    "hh",
+    "wk",
+}
 WEIGHT_KEYS = {"wk_w", "wi_w", "mw_w"}
 
 
@@ -143,6 +165,27 @@ def max_norm_columns():
     ]
 
 
+def derived_columns():
+    """Bucketized and crossed columns (one and several values per key)."""
+    price = fc.bucketized_column(
+        fc.numeric_column("price"), [0.0, 10.0, 20.0, 30.0]
+    )
+    geo = fc.bucketized_column(
+        fc.numeric_column("geo", shape=(2,)), [2.0, 6.0, 60.0]
+    )
+    return [
+        fc.embedding_column(price, 3),
+        fc.embedding_column(geo, 4, combiner="sum"),
+        fc.embedding_column(
+            fc.crossed_column(["ca", "cb"], 40), 3, combiner="sqrtn"
+        ),
+        fc.embedding_column(
+            fc.crossed_column(["ca", price], 30, hash_key=12345), 4
+        ),
+        fc.embedding_column(fc.crossed_column(["ci", "cb"], 50), 2),
+    ]
+
+
 def weighted_sum_column():
     return fc.embedding_column(
         fc.weighted_categorical_column(
@@ -173,7 +216,10 @@ def sequence_columns():
 
 
 def reference_input(key):
-    """The reference's form of a raw feature: a rank-2 SparseTensor."""
+    """The reference's form of a raw feature: a rank-2 SparseTensor
+    (numeric features: a dense float32 tensor)."""
+    if key in NUMERIC:
+        return tf.constant(NUMERIC[key], tf.float32)
     values = RAW[key]
     if key in STRING_KEYS:
         dtype = tf.string

@@ -76,6 +76,15 @@ class CategoricalColumn:
         """The column that maps raw values to ids (unwraps weighting)."""
         return self
 
+    @property
+    def raw_inputs(self) -> dict[str, str]:
+        """The raw features the ids come from (not weights), with dtypes.
+
+        The ids feature itself for most columns; bucketized and crossed
+        columns read other features (`derived.py`).
+        """
+        return {self.feature_key: self.input_dtype}
+
     def get_config(self) -> dict[str, Any]:
         return {
             f.name: getattr(self, f.name)

@@ -96,11 +96,6 @@ _WEIGHTED = {
     "weight_feature_key": (HONOURED, _SAME),
     "dtype": (HONOURED, "a float dtype"),
 }
-_UNSUPPORTED_SOURCE = (
-    REFUSED,
-    "the column kind is refused by name when converted; build ids with a "
-    "supported categorical column",
-)
 
 LEGACY_ARGUMENTS: dict[str, dict[str, tuple[str, str]]] = {
     "tf.feature_column.categorical_column_with_identity": _IDENTITY,
@@ -130,14 +125,29 @@ LEGACY_ARGUMENTS: dict[str, dict[str, tuple[str, str]]] = {
         _HASH_BUCKET
     ),
     "tf.feature_column.weighted_categorical_column": _WEIGHTED,
+    "tf.feature_column.numeric_column": {
+        "key": (HONOURED, "the numeric feature (source of bucketized ids)"),
+        "shape": (HONOURED, "numbers per example; one id range each"),
+        "default_value": (HONOURED, "in make_parse_example_spec"),
+        "dtype": (HONOURED, "cast to float32 before bucketizing, as TF does"),
+        "normalizer_fn": (
+            REFUSED,
+            "a Python function cannot travel in saved configs and serving "
+            "exports: apply it in the input pipeline",
+        ),
+    },
     "tf.feature_column.bucketized_column": {
-        "source_column": _UNSUPPORTED_SOURCE,
-        "boundaries": _UNSUPPORTED_SOURCE,
+        "source_column": (HONOURED, "a numeric_column, dense input"),
+        "boundaries": (HONOURED, "TF's Bucketize op, TF's id ranges"),
     },
     "tf.feature_column.crossed_column": {
-        "keys": _UNSUPPORTED_SOURCE,
-        "hash_bucket_size": _UNSUPPORTED_SOURCE,
-        "hash_key": _UNSUPPORTED_SOURCE,
+        "keys": (
+            HONOURED,
+            "feature keys (string or integer) and bucketized columns; other "
+            "categorical columns are refused by name (cross their raw key)",
+        ),
+        "hash_bucket_size": (HONOURED, "TF's sparse_cross_hashed"),
+        "hash_key": (HONOURED, "passed to sparse_cross_hashed"),
     },
     "tf.feature_column.embedding_column": {
         "categorical_column": (HONOURED, "converted"),

@@ -13,6 +13,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_feature_column_v2 as fc
 from keras_tpu_embed.columns import categorical as columns_lib
 from keras_tpu_embed.columns import categorical_columns as factories
+from keras_tpu_embed.columns import derived
 
 
 def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
@@ -63,6 +64,16 @@ def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
             dtype=column.dtype,
             file_format=getattr(column, "file_format", None),
         )
+    elif isinstance(column, fc.BucketizedColumn):
+        converted = derived.bucketized_column(
+            column.source_column, column.boundaries
+        )
+    elif isinstance(column, fc.CrossedColumn):
+        converted = derived.crossed_column(
+            [k if isinstance(k, str) else _cross_key(k) for k in column.keys],
+            column.hash_bucket_size,
+            column.hash_key,
+        )
     elif isinstance(column, fc.HashedCategoricalColumn):
         converted = factories.categorical_column_with_hash_bucket(
             column.key, column.hash_bucket_size, column.dtype
@@ -72,8 +83,20 @@ def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
             "Cannot convert a column of type "
             f"{type(column).__name__} ({getattr(column, 'name', column)!r}). "
             "Supported: identity, vocabulary list, vocabulary file, hash "
-            "bucket, weighted and sequence categorical columns."
+            "bucket, bucketized, crossed, weighted and sequence categorical "
+            "columns."
         )
     if sequence:
         converted = factories.as_sequence(converted)
+    return converted
+
+
+def _cross_key(key: Any) -> derived.BucketizedColumn:
+    converted = to_categorical_column(key)
+    if not isinstance(converted, derived.BucketizedColumn):
+        raise TypeError(
+            "A crossed column may cross feature keys and bucketized columns; "
+            f"it has the {type(key).__name__} {getattr(key, 'name', key)!r}."
+            " Cross its raw feature key instead."
+        )
     return converted
