@@ -58,6 +58,7 @@ from keras_tpu_embed.tpu_conversion import (
     to_tpu_feature_configs as to_tpu_feature_configs,
 )
 from keras_tpu_embed.version import __version__ as __version__
+from keras_tpu_embed.warm_start import warm_start as warm_start
 
 __all__ = [
     "EmbeddingConfig",
@@ -89,5 +90,6 @@ __all__ = [
     "shared_embedding_columns",
     "to_tpu_feature_configs",
     "validate_tables",
+    "warm_start",
     "weighted_categorical_column",
 ]
