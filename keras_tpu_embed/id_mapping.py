@@ -191,28 +191,50 @@ def crossed_ids(
     """A crossed column's ids, with TF's own hashing of every combination.
 
     `CrossedColumn.get_sparse_tensors` (`feature_column_v2.py`) passes its
-    keys' sparse values (raw features, `""` / -1 dropped; bucketized ids)
-    in key order to `sparse_ops.sparse_cross_hashed`, the op behind
-    `tf.sparse.cross_hashed`, which is what runs here.
+    keys' values (raw features; bucketized ids) in key order to
+    `sparse_ops.sparse_cross_hashed`, the op behind `tf.sparse.cross_hashed`,
+    which is what runs here, with the same inputs. A dense raw feature
+    reaches that op dense, every value included
+    (`FeatureTransformationCache._get_raw_feature_as_tensor` drops no
+    `""` / -1), and the op crosses sparse inputs before dense ones, which
+    changes the hashes: both are kept as TF has them, so dense padding is
+    crossed like a value, as in TF. Ragged and sparse inputs have no padding.
     """
     dtypes = iter(column.key_dtypes or ())
-    inputs = []
+    inputs: list[Any] = []
     for key in column.keys:
         if isinstance(key, str):
             declared = next(dtypes)
-            sparse = to_sparse(key, features[key])
-            values = sparse.values
-            if values.dtype.is_integer:
-                values = tf.cast(values, tf.int64)
-            elif values.dtype != tf.string:
+            value = features[key]
+            if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+                value = to_sparse(key, value)
+                values = value.values
+            else:
+                value = tf.convert_to_tensor(value)
+                if value.shape.rank == 1:
+                    value = value[:, tf.newaxis]
+                if value.shape.rank != 2:
+                    raise ValueError(
+                        f"Feature '{key}' must be rank 1 `[batch]` or rank 2 "
+                        f"`[batch, n]`, got shape {value.shape}."
+                    )
+                values = value
+            if not (values.dtype.is_integer or values.dtype == tf.string):
                 raise TypeError(
                     f"Feature '{key}' of crossed column '{column.name}' "
                     f"must hold strings or integers (declared {declared}), "
                     f"got dtype {values.dtype.name}."
                 )
-            inputs.append(
-                tf.SparseTensor(sparse.indices, values, sparse.dense_shape)
-            )
+            if values.dtype.is_integer and values.dtype != tf.int64:
+                if isinstance(value, tf.SparseTensor):
+                    value = tf.SparseTensor(
+                        value.indices,
+                        tf.cast(values, tf.int64),
+                        value.dense_shape,
+                    )
+                else:
+                    value = tf.cast(value, tf.int64)
+            inputs.append(value)
         else:
             inputs.append(bucketized_ids(key, features[key.source_column.key]))
     return tf.sparse.cross_hashed(

@@ -209,6 +209,15 @@ def warm_start(
                 f"Layer '{layer.name}' is not built: build the model (call it "
                 "once) before warm_start, so that its tables exist."
             )
+        local = {t.name for t in layer.local_table_specs}
+        for table in layer.table_specs:
+            if table.name not in local:
+                # Never silently skipped: the engine owns these variables.
+                report.not_found[table.name] = [
+                    "(held by the TPU embedding engine: warm start the model "
+                    "built without TPUStrategy, then carry its tables over "
+                    "with kte.restore_tables)"
+                ]
         for table in layer.local_table_specs:
             wanted = (
                 [explicit[table.name]]

@@ -53,6 +53,17 @@ def main(work_dir, output_path):
             fetches[key] = layer(features)
             assign(layer.variables, _table_name(column))
 
+        # Crossed columns cross a dense input's padding like a value:
+        # their outputs for dense ("", -1 padded) inputs, too.
+        dense_features = dict(features)
+        dense_features.update(
+            {key: cases.dense_input(key) for key in cases.RAW}
+        )
+        for index, column in enumerate(cases.derived_columns()):
+            layer = tf.keras.layers.DenseFeatures([column], name=f"dd{index}")
+            fetches[column.name + "__dense"] = layer(dense_features)
+            assign(layer.variables, _table_name(column))
+
         shared = tf.feature_column.shared_embeddings(
             cases.shared_categorical_columns(), 5, combiner="mean"
         )

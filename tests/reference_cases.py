@@ -228,3 +228,18 @@ def reference_input(key):
     else:
         dtype = tf.int64
     return tf.ragged.constant(values, dtype=dtype, ragged_rank=1).to_sparse()
+
+
+def dense_input(key):
+    """A raw feature dense, padded with "" (strings) or -1 (integers)."""
+    if key in NUMERIC:
+        return tf.constant(NUMERIC[key], tf.float32)
+    values = RAW[key]
+    if key in STRING_KEYS:
+        dtype, pad = tf.string, ""
+    elif key in WEIGHT_KEYS:
+        dtype, pad = tf.float32, 0.0
+    else:
+        dtype, pad = tf.int64, -1
+    ragged = tf.ragged.constant(values, dtype=dtype, ragged_rank=1)
+    return ragged.to_tensor(default_value=pad)
