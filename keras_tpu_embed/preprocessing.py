@@ -365,7 +365,10 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
     """The `tf.io.parse_example` spec for the raw features of `columns`.
 
     Every feature and weight feature is a `tf.io.VarLenFeature`, as
-    `tf.feature_column.make_parse_example_spec` gives for categorical columns.
+    `tf.feature_column.make_parse_example_spec` gives for categorical columns
+    (string for a crossed column's keys unless it declares `key_dtypes`);
+    the numeric source of a bucketized column is a `tf.io.FixedLenFeature`
+    of its shape, dtype and default, as TF's `numeric_column` gives.
 
     Example:
 
@@ -398,13 +401,11 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
 
 def _numeric_sources(column: Any) -> dict[str, Any]:
     """The numeric columns under a bucketized or crossed column, by key."""
-    keys = getattr(column, "keys", None)
-    if isinstance(column, columns_lib.CrossedColumn) and keys:
-        sources: dict[str, Any] = {}
-        for key in keys:
-            if isinstance(key, columns_lib.BucketizedColumn):
-                sources.update(_numeric_sources(key))
-        return sources
     if isinstance(column, columns_lib.BucketizedColumn):
         return {column.source_column.key: column.source_column}
-    return {}
+    sources: dict[str, Any] = {}
+    if isinstance(column, columns_lib.CrossedColumn):
+        for key in column.keys:
+            if isinstance(key, columns_lib.BucketizedColumn):
+                sources.update(_numeric_sources(key))
+    return sources
