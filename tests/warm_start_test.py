@@ -236,3 +236,35 @@ def test_tf2_shared_embeddings_variable_is_found(tmp_path):
     np.testing.assert_array_equal(
         layer.table_variable("s_shared").numpy(), values
     )
+
+
+def test_slots_of_a_tf1_optimizer_are_loaded(tmp_path):
+    # The slot is created by TF's own AdagradOptimizer, named by TF.
+    with tf.Graph().as_default():
+        column = fc.embedding_column(
+            fc.categorical_column_with_identity("item", 6), 3
+        )
+        ids = tf.SparseTensor(
+            [[0, 0], [1, 0]], tf.constant([1, 4], tf.int64), [2, 1]
+        )
+        out = V1.feature_column.input_layer({"item": ids}, [column])
+        train = V1.train.AdagradOptimizer(0.5).minimize(tf.reduce_sum(out))
+        with V1.Session() as session:
+            session.run(V1.global_variables_initializer())
+            session.run(train)
+            names = [v.op.name for v in V1.global_variables()]
+            prefix = V1.train.Saver().save(session, str(tmp_path / "adagrad"))
+    table = "input_layer/item_embedding/embedding_weights"
+    assert table + "/Adagrad" in names
+    reader = tf.train.load_checkpoint(prefix)
+    layer = kte.TPUEmbeddingLayer(
+        [column],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.5)),
+    )
+    layer.build()
+    report = kte.warm_start(layer, prefix, slots=True)
+    assert report.slots == {"item": {"accumulators": table + "/Adagrad"}}
+    np.testing.assert_array_equal(
+        layer.slot_variables("item")["accumulators"].numpy(),
+        reader.get_tensor(table + "/Adagrad"),
+    )
