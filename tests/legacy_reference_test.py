@@ -117,26 +117,35 @@ def test_shared_embeddings_match(reference, form):
 def test_sequence_features_match_padded_and_truncated(reference, form):
     expected, _ = reference
     for tf_column, max_length in cases.sequence_columns():
-        column = kte.embedding_column(
-            tf_column.categorical_column,
-            tf_column.dimension,
-            max_sequence_length=max_length,
-        )
-        ours = embed([column], form)
-        want = expected[tf_column.name]
-        padded = np.zeros((want.shape[0], max_length, want.shape[2]))
-        keep = min(max_length, want.shape[1])
-        padded[:, :keep] = want[:, :keep]
-        np.testing.assert_allclose(
-            ours[column.name].numpy(),
-            padded,
-            atol=1e-6,
-            err_msg=f"{column.name} ({form})",
-        )
-        np.testing.assert_array_equal(
-            ours[column.name + "_sequence_length"].numpy(),
-            np.minimum(expected[tf_column.name + "__length"], max_length),
-        )
+        for column in (
+            kte.embedding_column(
+                tf_column.categorical_column,
+                tf_column.dimension,
+                max_sequence_length=max_length,
+                max_norm=tf_column.max_norm,
+                embedding_lookup_device=device,
+            )
+            for device in (None, "tpu_tensor_core")
+        ):
+            _check_sequence(expected, tf_column, column, max_length, form)
+
+
+def _check_sequence(expected, tf_column, column, max_length, form):
+    ours = embed([column], form)
+    want = expected[tf_column.name]
+    padded = np.zeros((want.shape[0], max_length, want.shape[2]))
+    keep = min(max_length, want.shape[1])
+    padded[:, :keep] = want[:, :keep]
+    np.testing.assert_allclose(
+        ours[column.name].numpy(),
+        padded,
+        atol=1e-6,
+        err_msg=f"{column.name} ({form})",
+    )
+    np.testing.assert_array_equal(
+        ours[column.name + "_sequence_length"].numpy(),
+        np.minimum(expected[tf_column.name + "__length"], max_length),
+    )
 
 
 def _tensor_core(tf_column, width=3, categorical=None):

@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
@@ -121,14 +122,25 @@ def test_training_call_updates_through_the_trap_and_counts_the_step():
         assert int(step.numpy()) == (1 if counts_step else 0)
 
 
-def test_frozen_table_is_never_updated_and_has_no_slots():
-    # tf.feature_column.embedding_column(..., trainable=False), converted.
+@pytest.mark.parametrize("device", [None, "tpu_tensor_core"])
+def test_frozen_table_is_never_updated_and_has_no_slots(device):
+    # tf.feature_column.embedding_column(..., trainable=False), converted;
+    # on the tensor core, the same spec with its device.
     frozen = tf.feature_column.embedding_column(
         tf.feature_column.categorical_column_with_identity("ids", 10),
         testing.DIM,
         combiner="sum",
         trainable=False,
     )
+    if device:
+        frozen = kte.embedding_column(
+            frozen.categorical_column,
+            testing.DIM,
+            combiner="sum",
+            trainable=False,
+            embedding_lookup_device=device,
+            tensor_core_shape=[None, 2],
+        )
     trained = testing.identity_column("other")
     layer = kte.TPUEmbeddingLayer(
         [frozen, trained],

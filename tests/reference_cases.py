@@ -210,7 +210,8 @@ def sequence_columns():
     seq_hash = fc.sequence_categorical_column_with_hash_bucket("hh", 20)
     return [
         (fc.embedding_column(seq, 3), 4),
-        (fc.embedding_column(seq_vocab, 2), 3),
+        # max_norm clips each position's row, as for pooled columns.
+        (fc.embedding_column(seq_vocab, 2, max_norm=0.7), 3),
         (fc.embedding_column(seq_hash, 4), 5),
     ]
 
