@@ -4,6 +4,7 @@ from keras_tpu_embed import optimizers as optimizers
 from keras_tpu_embed.checkpoints import engine_checkpoint as engine_checkpoint
 from keras_tpu_embed.checkpoints import restore_tables as restore_tables
 from keras_tpu_embed.checkpoints import validate_tables as validate_tables
+from keras_tpu_embed.columns import bucketized_column as bucketized_column
 from keras_tpu_embed.columns import (
     categorical_column_with_hash_bucket as categorical_column_with_hash_bucket,
 )
@@ -16,7 +17,9 @@ from keras_tpu_embed.columns import (
 from keras_tpu_embed.columns import (
     categorical_column_with_vocabulary_list as categorical_column_with_vocabulary_list,  # noqa: E501
 )
+from keras_tpu_embed.columns import crossed_column as crossed_column
 from keras_tpu_embed.columns import embedding_column as embedding_column
+from keras_tpu_embed.columns import numeric_column as numeric_column
 from keras_tpu_embed.columns import (
     sequence_categorical_column_with_hash_bucket as sequence_categorical_column_with_hash_bucket,  # noqa: E501
 )
@@ -56,6 +59,7 @@ from keras_tpu_embed.tpu_conversion import (
     to_tpu_feature_configs as to_tpu_feature_configs,
 )
 from keras_tpu_embed.version import __version__ as __version__
+from keras_tpu_embed.warm_start import warm_start as warm_start
 
 __all__ = [
     "EmbeddingConfig",
@@ -63,10 +67,12 @@ __all__ = [
     "SharedTPUEmbedding",
     "TPUEmbeddingLayer",
     "__version__",
+    "bucketized_column",
     "categorical_column_with_hash_bucket",
     "categorical_column_with_identity",
     "categorical_column_with_vocabulary_file",
     "categorical_column_with_vocabulary_list",
+    "crossed_column",
     "embedding_column",
     "distribute_dataset",
     "engine_checkpoint",
@@ -75,6 +81,7 @@ __all__ = [
     "load_saved_model",
     "load_weights",
     "make_parse_example_spec",
+    "numeric_column",
     "optimizers",
     "profile_lookups",
     "restore_tables",
@@ -85,5 +92,6 @@ __all__ = [
     "shared_embedding_columns",
     "to_tpu_feature_configs",
     "validate_tables",
+    "warm_start",
     "weighted_categorical_column",
 ]

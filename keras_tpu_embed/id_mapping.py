@@ -142,3 +142,113 @@ class IdMapper:
         if values.dtype.is_integer and values.dtype != tf.int64:
             values = tf.cast(values, tf.int64)
         return self.table.lookup(values)
+
+
+def bucketized_ids(
+    column: columns_lib.BucketizedColumn, raw: Tensor
+) -> tf.SparseTensor:
+    """A bucketized column's ids: `[batch, size]`, one per number.
+
+    As TF computes them: the numbers cast to float32
+    (`NumericColumn._transform_input_tensor`), bucketized with the
+    `Bucketize` op (`math_ops._bucketize`), dimension `i` offset by
+    `i * (len(boundaries) + 1)`
+    (`BucketizedColumn._get_sparse_tensors_for_input_tensor`).
+    """
+    source = column.source_column
+    if isinstance(raw, (tf.SparseTensor, tf.RaggedTensor)):
+        raise TypeError(
+            f"Feature '{source.key}' of bucketized column '{column.name}' "
+            f"must be a dense tensor of shape [batch, {source.size}], as "
+            "tf.feature_column.numeric_column takes it; got a "
+            f"{type(raw).__name__}."
+        )
+    raw = tf.convert_to_tensor(raw)
+    if not (raw.dtype.is_floating or raw.dtype.is_integer):
+        raise TypeError(
+            f"Feature '{source.key}' of bucketized column '{column.name}' "
+            f"must be numeric, got dtype {raw.dtype.name}."
+        )
+    values = tf.reshape(tf.cast(raw, tf.float32), [-1, source.size])
+    buckets = tf.raw_ops.Bucketize(
+        input=values, boundaries=list(column.boundaries)
+    )
+    offsets = tf.range(source.size, dtype=tf.int64) * (
+        len(column.boundaries) + 1
+    )
+    ids = tf.cast(buckets, tf.int64) + offsets[tf.newaxis, :]
+    shape = tf.shape(ids, out_type=tf.int64)
+    return tf.SparseTensor(
+        indices=tf.where(tf.ones_like(ids, tf.bool)),
+        values=tf.reshape(ids, [-1]),
+        dense_shape=shape,
+    )
+
+
+def crossed_ids(
+    column: columns_lib.CrossedColumn, features: dict[str, Tensor]
+) -> tf.SparseTensor:
+    """A crossed column's ids, with TF's own hashing of every combination.
+
+    `CrossedColumn.get_sparse_tensors` (`feature_column_v2.py`) passes its
+    keys' values (raw features; bucketized ids) in key order to
+    `sparse_ops.sparse_cross_hashed`, the op behind `tf.sparse.cross_hashed`,
+    which is what runs here, with the same inputs. A dense raw feature
+    reaches that op dense, every value included
+    (`FeatureTransformationCache._get_raw_feature_as_tensor` drops no
+    `""` / -1), and the op crosses sparse inputs before dense ones, which
+    changes the hashes: both are kept as TF has them, so dense padding is
+    crossed like a value, as in TF. Ragged and sparse inputs have no padding.
+    """
+    dtypes = iter(column.key_dtypes or ())
+    inputs: list[Any] = []
+    for key in column.keys:
+        if isinstance(key, str):
+            declared = next(dtypes)
+            value = features[key]
+            if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+                value = to_sparse(key, value)
+                values = value.values
+            else:
+                value = tf.convert_to_tensor(value)
+                if value.shape.rank == 1:
+                    value = value[:, tf.newaxis]
+                if value.shape.rank != 2:
+                    raise ValueError(
+                        f"Feature '{key}' must be rank 1 `[batch]` or rank 2 "
+                        f"`[batch, n]`, got shape {value.shape}."
+                    )
+                values = value
+            if not (values.dtype.is_integer or values.dtype == tf.string):
+                raise TypeError(
+                    f"Feature '{key}' of crossed column '{column.name}' "
+                    f"must hold strings or integers (declared {declared}), "
+                    f"got dtype {values.dtype.name}."
+                )
+            if values.dtype.is_integer and values.dtype != tf.int64:
+                if isinstance(value, tf.SparseTensor):
+                    value = tf.SparseTensor(
+                        value.indices,
+                        tf.cast(values, tf.int64),
+                        value.dense_shape,
+                    )
+                else:
+                    value = tf.cast(value, tf.int64)
+            inputs.append(value)
+        else:
+            inputs.append(bucketized_ids(key, features[key.source_column.key]))
+    return tf.sparse.cross_hashed(
+        inputs, num_buckets=column.hash_bucket_size, hash_key=column.hash_key
+    )
+
+
+def derived_ids(
+    column: columns_lib.CategoricalColumn, features: dict[str, Tensor]
+) -> tf.SparseTensor | None:
+    """Ids of a bucketized or crossed column; None for other columns."""
+    base = column.base
+    if isinstance(base, columns_lib.BucketizedColumn):
+        return bucketized_ids(base, features[base.source_column.key])
+    if isinstance(base, columns_lib.CrossedColumn):
+        return crossed_ids(base, features)
+    return None

@@ -24,6 +24,7 @@ from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.id_mapping import IdMapper
 from keras_tpu_embed.id_mapping import check_raw_dtype
+from keras_tpu_embed.id_mapping import derived_ids
 from keras_tpu_embed.id_mapping import to_sparse
 from keras_tpu_embed.ids import densify
 from keras_tpu_embed.ids import width_of
@@ -140,7 +141,14 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
 
     @property
     def expected_keys(self) -> list[str]:
-        return columns_lib.input_keys(self.categorical_columns)
+        """The raw feature keys `call` reads (bucketized and crossed
+        columns read their source features, not their ids key)."""
+        keys = []
+        for column in self.categorical_columns:
+            keys += list(column.raw_inputs)
+            if column.weight_feature_key:
+                keys.append(column.weight_feature_key)
+        return list(dict.fromkeys(keys))
 
     def call(self, features: dict[str, Tensor]) -> dict[str, Tensor]:
         if not isinstance(features, dict):
@@ -153,6 +161,17 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
         outputs = {}
         for column, mapper in zip(self.categorical_columns, self._mappers):
             key = column.feature_key
+            if column.raw_inputs.keys() != {key}:
+                raws = {
+                    k: _fetch(features, k, expected) for k in column.raw_inputs
+                }
+                derived = derived_ids(column, raws)
+                assert derived is not None
+                outputs[key] = derived
+                width = self.dense_widths.get(key)
+                if width is not None:
+                    outputs[key] = densify(derived, width, -1)
+                continue
             raw = _fetch(features, key, expected)
             check_raw_dtype(key, raw, column)
             sparse = to_sparse(key, raw)
@@ -346,7 +365,10 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
     """The `tf.io.parse_example` spec for the raw features of `columns`.
 
     Every feature and weight feature is a `tf.io.VarLenFeature`, as
-    `tf.feature_column.make_parse_example_spec` gives for categorical columns.
+    `tf.feature_column.make_parse_example_spec` gives for categorical columns
+    (string for a crossed column's keys unless it declares `key_dtypes`);
+    the numeric source of a bucketized column is a `tf.io.FixedLenFeature`
+    of its shape, dtype and default, as TF's `numeric_column` gives.
 
     Example:
 
@@ -357,10 +379,33 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
     """
     spec: dict[str, Any] = {}
     for column in categorical_columns_of(columns):
-        dtype = tf.string if column.base.input_dtype == "string" else tf.int64
-        spec[column.feature_key] = tf.io.VarLenFeature(dtype)
+        numeric = _numeric_sources(column.base)
+        for key, dtype_name in column.raw_inputs.items():
+            if key in numeric:
+                # TF's `NumericColumn.parse_example_spec`.
+                source = numeric[key]
+                spec[key] = tf.io.FixedLenFeature(
+                    source.shape,
+                    tf.as_dtype(source.dtype),
+                    source.default_value,
+                )
+                continue
+            dtype = tf.string if dtype_name == "string" else tf.int64
+            spec[key] = tf.io.VarLenFeature(dtype)
         if column.weight_feature_key:
             spec[column.weight_feature_key] = tf.io.VarLenFeature(
                 tf.as_dtype(getattr(column, "dtype", "float32"))
             )
     return spec
+
+
+def _numeric_sources(column: Any) -> dict[str, Any]:
+    """The numeric columns under a bucketized or crossed column, by key."""
+    if isinstance(column, columns_lib.BucketizedColumn):
+        return {column.source_column.key: column.source_column}
+    sources: dict[str, Any] = {}
+    if isinstance(column, columns_lib.CrossedColumn):
+        for key in column.keys:
+            if isinstance(key, columns_lib.BucketizedColumn):
+                sources.update(_numeric_sources(key))
+    return sources

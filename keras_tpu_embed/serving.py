@@ -33,10 +33,15 @@ def _raw_signature(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
     """A TensorSpec per raw feature; rank left open for `[b]` or `[b, n]`."""
     specs = {}
     for column in preprocessor.categorical_columns:
-        dtype = tf.string if column.base.input_dtype == "string" else tf.int64
-        specs[column.feature_key] = tf.TensorSpec(
-            None, dtype, name=column.feature_key
-        )
+        # Bucketized and crossed columns read other (numeric) features.
+        for key, dtype_name in column.raw_inputs.items():
+            if dtype_name == "string":
+                dtype = tf.string
+            elif tf.as_dtype(dtype_name).is_floating:
+                dtype = tf.float32
+            else:
+                dtype = tf.int64
+            specs[key] = tf.TensorSpec(None, dtype, name=key)
         if column.weight_feature_key:
             specs[column.weight_feature_key] = tf.TensorSpec(
                 None, tf.float32, name=column.weight_feature_key

@@ -2,19 +2,25 @@
 
 An `EmbeddingColumn` owns its table; `SharedEmbeddingColumn`s with one
 `shared_embedding_collection_name` read one table. This module groups columns
-into `TableSpec`s and checks that columns sharing a table agree on it.
+into `TableSpec`s and checks that columns sharing a table agree on it. What
+a table adds to plain rows is here too: its first value from a checkpoint
+(`CheckpointInitializer`) and the `max_norm` clip (`clip_rows`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 from typing import Sequence
 
+from keras_tpu_embed._compat import keras
+from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.types import InitializerLike
 from keras_tpu_embed.types import LearningRateFn
+from keras_tpu_embed.types import Tensor
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -27,6 +33,10 @@ class TableSpec:
     initializer: InitializerLike
     learning_rate_fn: LearningRateFn | None
     columns: tuple[AnyEmbeddingColumn, ...]
+    # False: never updated and without optimizer slots.
+    trainable: bool = True
+    # Rows are clipped to this L2 norm before combining (None: no clipping).
+    max_norm: float | None = None
 
 
 def group_into_tables(
@@ -67,14 +77,97 @@ def group_into_tables(
                     f"{other.table_signature()}. Build them in one "
                     "shared_embedding_columns call."
                 )
+        initializer: InitializerLike = first.initializer  # type: ignore[assignment]
+        if first.ckpt_to_load_from is not None:
+            initializer = CheckpointInitializer(
+                first.ckpt_to_load_from,
+                str(first.tensor_name_in_ckpt),
+                table=name,
+            )
         tables.append(
             TableSpec(
                 name=name,
                 vocabulary_size=first.vocabulary_size,
                 dimension=first.dimension,
-                initializer=first.initializer,  # type: ignore[arg-type]
+                initializer=initializer,
                 learning_rate_fn=first.learning_rate_fn,
                 columns=tuple(members),
+                trainable=first.trainable,
+                max_norm=first.max_norm,
             )
         )
     return tables
+
+
+class CheckpointInitializer(keras.initializers.Initializer):  # type: ignore[misc]
+    """A table's initial value read from a checkpoint tensor.
+
+    What `ckpt_to_load_from` / `tensor_name_in_ckpt` mean for
+    `tf.feature_column.embedding_column`: its variable is initialized from
+    that tensor (`feature_column_v2.py`, `EmbeddingColumn.create_state`,
+    through `checkpoint_utils.init_from_checkpoint`). Any checkpoint
+    `tf.train.load_checkpoint` reads works, name-based (TF1) or
+    object-based (whose keys end in `/.ATTRIBUTES/VARIABLE_VALUE`).
+
+    Args:
+        checkpoint: Path or prefix of the checkpoint.
+        tensor_name: Key of the tensor in it.
+        table: The table's name, for error messages.
+    """
+
+    def __init__(self, checkpoint: str, tensor_name: str, table: str) -> None:
+        self.checkpoint = checkpoint
+        self.tensor_name = tensor_name
+        self.table = table
+
+    def __call__(self, shape: Any, dtype: Any = None) -> Tensor:
+        where = (
+            f"table '{self.table}' (ckpt_to_load_from={self.checkpoint!r}, "
+            f"tensor_name_in_ckpt={self.tensor_name!r})"
+        )
+        try:
+            reader = tf.train.load_checkpoint(self.checkpoint)
+        except (ValueError, tf.errors.OpError) as error:
+            raise ValueError(
+                f"Cannot read the checkpoint {self.checkpoint} to initialize "
+                f"{where}: {error}. Check ckpt_to_load_from."
+            ) from error
+        shapes = reader.get_variable_to_shape_map()
+        if self.tensor_name not in shapes:
+            raise ValueError(
+                f"Checkpoint {self.checkpoint} has no tensor "
+                f"'{self.tensor_name}' to initialize {where}. Its tensors of "
+                f"rank 2: {sorted(n for n, s in shapes.items() if len(s) == 2)}"
+            )
+        want = [int(d) for d in shape]
+        found = list(shapes[self.tensor_name])
+        if found != want:
+            raise ValueError(
+                f"Tensor '{self.tensor_name}' of checkpoint {self.checkpoint} "
+                f"has shape {found}, but {where} has shape {want} "
+                "([vocabulary_size, dimension]). Point tensor_name_in_ckpt at "
+                "the table's tensor, or give the column the checkpoint's "
+                "vocabulary and dimension."
+            )
+        value = reader.get_tensor(self.tensor_name)
+        return tf.constant(value, dtype=dtype or "float32")
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "checkpoint": self.checkpoint,
+            "tensor_name": self.tensor_name,
+            "table": self.table,
+        }
+
+
+def clip_rows(rows: Tensor, max_norm: float | None) -> Tensor:
+    """`rows` `[..., dim]`, each scaled down to L2 norm `max_norm` if larger.
+
+    The legacy semantics of `max_norm`: `embedding_ops.embedding_lookup`
+    (`tensorflow/python/ops/embedding_ops.py`, `_clip`) clips every gathered
+    row with `clip_by_norm` before `embedding_lookup_sparse` combines them.
+    Rows of zeros (padding) stay zero and have a finite gradient.
+    """
+    if max_norm is None:
+        return rows
+    return tf.clip_by_norm(rows, max_norm, axes=[-1])

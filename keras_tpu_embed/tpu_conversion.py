@@ -65,6 +65,7 @@ def to_tpu_feature_configs(
     features: dict[str, Any] = {}
     for table in group_into_tables(to_embedding_columns(columns)):
         first = table.columns[0]
+        _refuse_what_the_engine_ignores(first)
         table_config = embedding.TableConfig(
             vocabulary_size=table.vocabulary_size,
             dim=table.dimension,
@@ -87,3 +88,28 @@ def to_tpu_feature_configs(
             )
         features[name] = feature
     return features
+
+
+def _refuse_what_the_engine_ignores(column: Any) -> None:
+    """Column arguments `tf.tpu.experimental.embedding` has no field for.
+
+    `TableConfig` (`tpu_embedding_v2_utils.py`) has no `trainable` flag:
+    the engine updates every table it holds. Nor has it a `max_norm`: the
+    engine combines the stored rows as they are, so a clipped column would
+    train and answer unclipped.
+    """
+    if column.max_norm is not None:
+        raise ValueError(
+            f"Column '{column.name}' has max_norm={column.max_norm}, but the "
+            "TPU embedding engine combines rows without clipping them. Give "
+            "it embedding_lookup_device='tpu_tensor_core' (with "
+            "tensor_core_shape), which clips as tf.feature_column does, or "
+            "drop max_norm."
+        )
+    if not column.trainable:
+        raise ValueError(
+            f"Column '{column.name}' has trainable=False, but the TPU "
+            "embedding engine trains every table it holds. Give it "
+            "embedding_lookup_device='tpu_tensor_core' (with "
+            "tensor_core_shape) so that the layer holds the frozen table."
+        )

@@ -132,9 +132,13 @@ def test_table_signature_is_what_a_table_is_made_of():
         ).table_signature()
     )
     assert sorted(signature) == [
+        "ckpt_to_load_from",
         "dimension",
         "initializer",
         "learning_rate_fn",
+        "max_norm",
+        "tensor_name_in_ckpt",
+        "trainable",
         "vocabulary_size",
     ]
     assert signature["vocabulary_size"] == 5 and signature["dimension"] == 2

@@ -29,7 +29,10 @@ def main(work_dir, output_path):
     vocabulary = cases.write_vocabulary(work_dir)
     results = {}
     with tf.Graph().as_default():
-        features = {key: cases.reference_input(key) for key in cases.RAW}
+        features = {
+            key: cases.reference_input(key)
+            for key in list(cases.RAW) + list(cases.NUMERIC)
+        }
         fetches, assignments = {}, []
 
         def assign(layer_variables, name):
@@ -38,11 +41,27 @@ def main(work_dir, output_path):
                 values = cases.table_values(name, shape)
                 assignments.append(variable.assign(values))
 
-        dense = cases.dense_columns(vocabulary) + [cases.weighted_sum_column()]
+        dense = (
+            cases.dense_columns(vocabulary)
+            + cases.max_norm_columns()
+            + cases.derived_columns()
+            + [cases.weighted_sum_column()]
+        )
         for index, column in enumerate(dense):
             layer = tf.keras.layers.DenseFeatures([column], name=f"df{index}")
             key = column.name + ("__sum" if index == len(dense) - 1 else "")
             fetches[key] = layer(features)
+            assign(layer.variables, _table_name(column))
+
+        # Crossed columns cross a dense input's padding like a value:
+        # their outputs for dense ("", -1 padded) inputs, too.
+        dense_features = dict(features)
+        dense_features.update(
+            {key: cases.dense_input(key) for key in cases.RAW}
+        )
+        for index, column in enumerate(cases.derived_columns()):
+            layer = tf.keras.layers.DenseFeatures([column], name=f"dd{index}")
+            fetches[column.name + "__dense"] = layer(dense_features)
             assign(layer.variables, _table_name(column))
 
         shared = tf.feature_column.shared_embeddings(

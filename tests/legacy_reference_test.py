@@ -9,11 +9,14 @@ conversion. Every column kind, combiner and input form must agree to 1e-6.
 
 import os
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from keras_tpu_embed import columns as column_conversion
+from keras_tpu_embed.columns import input_keys
 from tests import reference_cases as cases
 from tests import testing
 
@@ -56,6 +59,8 @@ def raw_features(form):
             features[key] = ragged.to_sparse()
         else:
             features[key] = ragged.to_tensor(default_value=pad)
+    for key, rows in cases.NUMERIC.items():
+        features[key] = tf.constant(rows, tf.float32)
     return features
 
 
@@ -112,23 +117,214 @@ def test_shared_embeddings_match(reference, form):
 def test_sequence_features_match_padded_and_truncated(reference, form):
     expected, _ = reference
     for tf_column, max_length in cases.sequence_columns():
-        column = kte.embedding_column(
-            tf_column.categorical_column,
-            tf_column.dimension,
-            max_sequence_length=max_length,
-        )
-        ours = embed([column], form)
-        want = expected[tf_column.name]
-        padded = np.zeros((want.shape[0], max_length, want.shape[2]))
-        keep = min(max_length, want.shape[1])
-        padded[:, :keep] = want[:, :keep]
+        for column in (
+            kte.embedding_column(
+                tf_column.categorical_column,
+                tf_column.dimension,
+                max_sequence_length=max_length,
+                max_norm=tf_column.max_norm,
+                embedding_lookup_device=device,
+            )
+            for device in (None, "tpu_tensor_core")
+        ):
+            _check_sequence(expected, tf_column, column, max_length, form)
+
+
+def _check_sequence(expected, tf_column, column, max_length, form):
+    ours = embed([column], form)
+    want = expected[tf_column.name]
+    padded = np.zeros((want.shape[0], max_length, want.shape[2]))
+    keep = min(max_length, want.shape[1])
+    padded[:, :keep] = want[:, :keep]
+    np.testing.assert_allclose(
+        ours[column.name].numpy(),
+        padded,
+        atol=1e-6,
+        err_msg=f"{column.name} ({form})",
+    )
+    np.testing.assert_array_equal(
+        ours[column.name + "_sequence_length"].numpy(),
+        np.minimum(expected[tf_column.name + "__length"], max_length),
+    )
+
+
+def _tensor_core(tf_column, width=3, categorical=None):
+    """The same column on the dense XLA (`tpu_tensor_core`) lookup."""
+    return kte.embedding_column(
+        categorical or tf_column.categorical_column,
+        tf_column.dimension,
+        combiner=tf_column.combiner,
+        max_norm=tf_column.max_norm,
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=[None, width],
+    )
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_max_norm_clips_rows_before_combining(reference, form):
+    expected, _ = reference
+    for tf_column in cases.max_norm_columns():
+        name = tf_column.name
+        for column in (tf_column, _tensor_core(tf_column)):
+            ours = embed([column], form)
+            np.testing.assert_allclose(
+                ours[name].numpy(),
+                expected[name],
+                atol=1e-6,
+                rtol=0,
+                err_msg=f"{name} ({form}, {column})",
+            )
+
+
+def _dense_raw(keys):
+    raw = {}
+    for key in keys:
+        if key in cases.WEIGHT_KEYS:
+            dtype, pad = "float32", 0.0
+        else:
+            dtype, pad = "int64", -1
+        rows = cases.RAW[key]
+        width = max(len(r) for r in rows)
+        raw[key] = {
+            "value": [list(r) + [pad] * (width - len(r)) for r in rows],
+            "dtype": dtype,
+        }
+    return raw
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu_tensor_core"])
+def test_max_norm_survives_serving_export(reference, tmp_path, device):
+    expected, _ = reference
+    columns = [_tensor_core(c) for c in cases.max_norm_columns()]
+    pre = kte.FeaturePreprocessor(columns)
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer(columns)
+    model = keras.Model(inputs, layer(inputs))
+    for table in layer.table_specs:
+        variable = layer.table_variable(table.name)
+        variable.assign(cases.table_values(table.name, variable.shape))
+    path = tmp_path / device
+    kte.export_saved_model(model, str(path), pre, lookup_device=device)
+    served = testing.serve_in_fresh_process(
+        path, _dense_raw(input_keys(columns))
+    )
+    for column in columns:
         np.testing.assert_allclose(
-            ours[column.name].numpy(),
-            padded,
-            atol=1e-6,
-            err_msg=f"{column.name} ({form})",
+            served[column.name], expected[column.name], atol=1e-6, rtol=0
         )
-        np.testing.assert_array_equal(
-            ours[column.name + "_sequence_length"].numpy(),
-            np.minimum(expected[tf_column.name + "__length"], max_length),
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_bucketized_and_crossed_ids_are_tfs(reference, form):
+    expected, _ = reference
+    for tf_column in cases.derived_columns():
+        name = tf_column.name
+        # TF crosses a dense input's padding like a value (see crossed_ids).
+        want = expected[name + ("__dense" if form == "dense" else "")]
+        for column in (tf_column, _tensor_core(tf_column, width=9)):
+            ours = embed([column], form)
+            np.testing.assert_allclose(
+                ours[name].numpy(),
+                want,
+                atol=1e-6,
+                rtol=0,
+                err_msg=f"{name} ({form}, {column})",
+            )
+
+
+def _served_derived_columns():
+    """The derived columns for export; the integer crossed key declared."""
+    columns = []
+    for tf_column in cases.derived_columns():
+        categorical = column_conversion.to_categorical_column(
+            tf_column.categorical_column
+        )
+        if "ci" in getattr(categorical, "keys", ()):
+            categorical = kte.crossed_column(
+                ["ci", "cb"], 50, key_dtypes=["int64", "string"]
+            )
+        columns.append(_tensor_core(tf_column, 9, categorical))
+    return columns
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu_tensor_core"])
+def test_bucketized_and_crossed_in_a_saved_model(reference, tmp_path, device):
+    expected, _ = reference
+    columns = _served_derived_columns()
+    pre = kte.FeaturePreprocessor(columns)
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer(columns)
+    model = keras.Model(inputs, layer(inputs))
+    for table in layer.table_specs:
+        variable = layer.table_variable(table.name)
+        variable.assign(cases.table_values(table.name, variable.shape))
+    path = tmp_path / device
+    kte.export_saved_model(model, str(path), pre, lookup_device=device)
+    raw = {}
+    for key in pre.expected_keys:
+        if key in cases.NUMERIC:
+            raw[key] = {"value": cases.NUMERIC[key], "dtype": "float32"}
+        else:
+            rows = cases.RAW[key]
+            pad = "" if key in cases.STRING_KEYS else -1
+            width = max(len(r) for r in rows)
+            raw[key] = {
+                "value": [list(r) + [pad] * (width - len(r)) for r in rows],
+                "dtype": "string" if key in cases.STRING_KEYS else "int64",
+            }
+    served = testing.serve_in_fresh_process(path, raw)
+    for column in columns:
+        np.testing.assert_allclose(
+            served[column.name],
+            expected[column.name + "__dense"],
+            atol=1e-6,
+            rtol=0,
+        )
+
+
+def test_bucketized_and_crossed_in_tf_data_and_parse_spec(reference):
+    expected, _ = reference
+    columns = _served_derived_columns()
+    spec = kte.make_parse_example_spec(columns)
+    assert spec["price"] == tf.io.FixedLenFeature((1,), tf.float32)
+    assert spec["geo"] == tf.io.FixedLenFeature((2,), tf.float32)
+    assert spec["ci"] == tf.io.VarLenFeature(tf.int64)
+    assert spec["ca"] == tf.io.VarLenFeature(tf.string)
+    examples = []
+    for row in range(4):
+        feature = {}
+        for key in spec:
+            if key in cases.NUMERIC:
+                feature[key] = tf.train.Feature(
+                    float_list=tf.train.FloatList(value=cases.NUMERIC[key][row])
+                )
+            elif key in cases.STRING_KEYS:
+                values = [v.encode() for v in cases.RAW[key][row]]
+                feature[key] = tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=values)
+                )
+            else:
+                feature[key] = tf.train.Feature(
+                    int64_list=tf.train.Int64List(value=cases.RAW[key][row])
+                )
+        examples.append(
+            tf.train.Example(
+                features=tf.train.Features(feature=feature)
+            ).SerializeToString()
+        )
+    pre = kte.FeaturePreprocessor(columns)
+    layer = kte.TPUEmbeddingLayer(columns)
+    layer.build()
+    for table in layer.table_specs:
+        variable = layer.table_variable(table.name)
+        variable.assign(cases.table_values(table.name, variable.shape))
+    data = (
+        tf.data.Dataset.from_tensor_slices(examples)
+        .batch(4)
+        .map(lambda e: pre(tf.io.parse_example(e, spec)))
+    )
+    ours = layer(next(iter(data)))
+    for column in columns:
+        np.testing.assert_allclose(
+            ours[column.name].numpy(), expected[column.name], atol=1e-6
         )

@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
@@ -119,3 +120,56 @@ def test_training_call_updates_through_the_trap_and_counts_the_step():
         )
         np.testing.assert_array_equal(after[[0, 4, 5]], before[[0, 4, 5]])
         assert int(step.numpy()) == (1 if counts_step else 0)
+
+
+@pytest.mark.parametrize("device", [None, "tpu_tensor_core"])
+def test_frozen_table_is_never_updated_and_has_no_slots(device):
+    # tf.feature_column.embedding_column(..., trainable=False), converted;
+    # on the tensor core, the same spec with its device.
+    frozen = tf.feature_column.embedding_column(
+        tf.feature_column.categorical_column_with_identity("ids", 10),
+        testing.DIM,
+        combiner="sum",
+        trainable=False,
+    )
+    if device:
+        frozen = kte.embedding_column(
+            frozen.categorical_column,
+            testing.DIM,
+            combiner="sum",
+            trainable=False,
+            embedding_lookup_device=device,
+            tensor_core_shape=[None, 2],
+        )
+    trained = testing.identity_column("other")
+    layer = kte.TPUEmbeddingLayer(
+        [frozen, trained],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(1.0)),
+    )
+    layer.build()
+    assert layer.slot_variables("ids") == {}
+    assert list(layer.slot_variables("other")) == ["accumulators"]
+    before = layer.table_variable("ids").numpy().copy()
+    other_before = layer.table_variable("other").numpy().copy()
+    for dense_ids in ([[1, 2]], [[3, 1]]):
+        with tf.GradientTape() as tape:
+            out = layer(
+                {"ids": tf.constant(dense_ids), "other": tf.constant([[1]])},
+                training=True,
+            )
+            loss = tf.reduce_sum(out["ids_embedding"]) + tf.reduce_sum(
+                out["other_embedding"]
+            )
+        tape.gradient(loss, layer.trainable_weights)
+    np.testing.assert_array_equal(layer.table_variable("ids").numpy(), before)
+    assert not np.array_equal(
+        layer.table_variable("other").numpy(), other_before
+    )
+    names = [w.name for w in layer.weights]
+    assert "ids_accumulators" not in names
+
+
+def test_kte_embedding_column_takes_trainable():
+    column = testing.identity_column(trainable=False)
+    assert column.trainable is False
+    assert group_into_tables([column])[0].trainable is False

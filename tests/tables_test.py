@@ -1,7 +1,9 @@
 """Grouping columns into tables; columns sharing one must agree on it."""
 
 import keras
+import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.columns import SharedEmbeddingColumn
@@ -80,3 +82,72 @@ def test_shared_columns_that_disagree_are_refused(other):
         "table 'items' but disagree on it",
     ):
         group_into_tables([first, second])
+
+
+def _checkpoint(tmp_path, values, name="table"):
+    """A name-based checkpoint holding `values` under the key `name`."""
+    variable = tf.Variable(values, name="v")
+    path = tf.train.Checkpoint(**{name: variable}).write(str(tmp_path / "c"))
+    return path, f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def _from_checkpoint(path, tensor, vocabulary_size=6, dimension=3):
+    return tf.feature_column.embedding_column(
+        tf.feature_column.categorical_column_with_identity(
+            "item", vocabulary_size
+        ),
+        dimension,
+        ckpt_to_load_from=path,
+        tensor_name_in_ckpt=tensor,
+    )
+
+
+def test_table_starts_from_the_checkpoint_tensor(tmp_path):
+    values = np.arange(18, dtype=np.float32).reshape(6, 3)
+    path, tensor = _checkpoint(tmp_path, values)
+    layer = kte.TPUEmbeddingLayer([_from_checkpoint(path, tensor)])
+    layer.build()
+    np.testing.assert_array_equal(layer.table_variable("item").numpy(), values)
+    out = layer({"item": tf.constant([[2]])})["item_embedding"]
+    np.testing.assert_array_equal(out.numpy(), values[2:3])
+    # ... on the TPU engine's TableConfig too.
+    configs = kte.to_tpu_feature_configs([_from_checkpoint(path, tensor)])
+    initial = configs["item_embedding"].table.initializer((6, 3), "float32")
+    np.testing.assert_array_equal(np.asarray(initial), values)
+
+
+def test_checkpoint_tensor_missing_or_misshapen_names_both(tmp_path):
+    path, tensor = _checkpoint(tmp_path, np.zeros([6, 3], np.float32))
+    missing = kte.TPUEmbeddingLayer([_from_checkpoint(path, "nope")])
+    with pytest.raises(ValueError, match=f"'nope'.*{path}") as error:
+        missing.build()
+    assert tensor in str(error.value)  # names what the checkpoint has
+    wrong = kte.TPUEmbeddingLayer([_from_checkpoint(path, tensor, 7)])
+    with pytest.raises(ValueError, match=r"\[6, 3\].*\[7, 3\]"):
+        wrong.build()
+    nowhere = kte.TPUEmbeddingLayer(
+        [_from_checkpoint(str(tmp_path / "absent"), tensor)]
+    )
+    with pytest.raises(ValueError, match="absent"):
+        nowhere.build()
+
+
+def test_checkpoint_arguments_come_in_pairs():
+    item = kte.categorical_column_with_identity("item", 6)
+    with pytest.raises(ValueError, match="tensor_name_in_ckpt"):
+        kte.embedding_column(item, 3, ckpt_to_load_from="/some/ckpt")
+
+
+def test_saved_config_does_not_read_the_checkpoint_again(tmp_path):
+    values = np.ones([6, 3], np.float32)
+    path, tensor = _checkpoint(tmp_path, values)
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 6),
+        3,
+        ckpt_to_load_from=path,
+        tensor_name_in_ckpt=tensor,
+    )
+    # A saved model carries the trained table: a reload must not need
+    # (or go back to) the warm-start checkpoint.
+    restored = type(column).from_config(column.get_config())
+    assert restored.ckpt_to_load_from is None

@@ -74,3 +74,21 @@ def test_lists_convert_column_by_column():
         column_conversion.to_embedding_column(
             fc.categorical_column_with_identity("a", 4)
         )
+
+
+def test_trainable_carries_over_from_tf_columns():
+    fc = tf.feature_column
+    cats = [
+        fc.categorical_column_with_identity("a", 5),
+        fc.categorical_column_with_identity("b", 5),
+    ]
+    frozen = fc.embedding_column(cats[0], 2, trainable=False)
+    assert column_conversion.to_embedding_column(frozen).trainable is False
+    assert column_conversion.to_embedding_column(
+        fc.embedding_column(cats[0], 2)
+    ).trainable
+    with tf.Graph().as_default():
+        shared = fc.shared_embeddings(cats, 2, trainable=False)
+    assert all(
+        not column_conversion.to_embedding_column(c).trainable for c in shared
+    )

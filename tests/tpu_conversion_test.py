@@ -166,3 +166,22 @@ def test_mod_partitioning_and_raw_configs():
             [item],
             kte.EmbeddingConfig(feature_to_config_dict={"item_embedding": raw}),
         )
+
+
+def test_frozen_table_is_refused_on_the_engine():
+    # TF's TableConfig has no trainable flag: the engine would train it.
+    frozen = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 10), 4, trainable=False
+    )
+    with pytest.raises(ValueError, match="'user_embedding'.*trainable=False"):
+        kte.to_tpu_feature_configs([frozen])
+
+
+def test_max_norm_is_refused_on_the_engine():
+    clipped = tf.feature_column.embedding_column(
+        tf.feature_column.categorical_column_with_identity("user", 10),
+        4,
+        max_norm=0.8,
+    )
+    with pytest.raises(ValueError, match="'user_embedding'.*max_norm=0.8"):
+        kte.to_tpu_feature_configs([clipped])

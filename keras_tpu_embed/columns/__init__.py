@@ -4,6 +4,7 @@
 their `tf.feature_column`-style factories; `embedding.py` the embedding specs
 and `embedding_columns.py` theirs; `tf_categorical.py` and `tf_embedding.py`
 convert `tf.feature_column` / `tf.compat.v1.tpu.experimental` columns;
+`derived.py` holds bucketized and crossed columns;
 `vocabulary_files.py` reads vocabulary files and `vocabulary_assets.py`
 carries them inside `.keras` archives. This module only re-exports.
 """
@@ -42,6 +43,12 @@ from keras_tpu_embed.columns.categorical_columns import (
 from keras_tpu_embed.columns.categorical_columns import (
     weighted_categorical_column,
 )
+from keras_tpu_embed.columns.derived import BucketizedColumn
+from keras_tpu_embed.columns.derived import CrossedColumn
+from keras_tpu_embed.columns.derived import NumericColumn
+from keras_tpu_embed.columns.derived import bucketized_column
+from keras_tpu_embed.columns.derived import crossed_column
+from keras_tpu_embed.columns.derived import numeric_column
 from keras_tpu_embed.columns.embedding import AnyEmbeddingColumn
 from keras_tpu_embed.columns.embedding import EmbeddingColumn
 from keras_tpu_embed.columns.embedding import SharedEmbeddingColumn
@@ -72,6 +79,12 @@ __all__ = [
     "sequence_categorical_column_with_vocabulary_file",
     "sequence_categorical_column_with_vocabulary_list",
     "weighted_categorical_column",
+    "BucketizedColumn",
+    "CrossedColumn",
+    "NumericColumn",
+    "bucketized_column",
+    "crossed_column",
+    "numeric_column",
     "AnyEmbeddingColumn",
     "EmbeddingColumn",
     "SharedEmbeddingColumn",

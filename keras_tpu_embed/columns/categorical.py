@@ -76,6 +76,15 @@ class CategoricalColumn:
         """The column that maps raw values to ids (unwraps weighting)."""
         return self
 
+    @property
+    def raw_inputs(self) -> dict[str, str]:
+        """The raw features the ids come from (not weights), with dtypes.
+
+        The ids feature itself for most columns; bucketized and crossed
+        columns read other features (`derived.py`).
+        """
+        return {self.feature_key: self.input_dtype}
+
     def get_config(self) -> dict[str, Any]:
         return {
             f.name: getattr(self, f.name)
@@ -201,6 +210,7 @@ class VocabularyFileColumn(CategoricalColumn):
     num_oov_buckets: int = 0
     default_value: int | None = None
     dtype: str = "string"
+    file_format: str = "text"
     is_sequence: bool = False
 
     def __post_init__(self) -> None:
@@ -208,6 +218,7 @@ class VocabularyFileColumn(CategoricalColumn):
         if not self.vocabulary_file:
             raise ValueError(f"Missing vocabulary_file in {self.key}.")
         check_vocabulary_dtype(self.key, self.dtype)
+        check_file_format(self.key, self.vocabulary_file, self.file_format)
         if self.vocabulary_size is not None and supplied_by_archive(
             self.vocabulary_file
         ):
@@ -350,6 +361,31 @@ class WeightedColumn(CategoricalColumn):
             config["categorical_column"]
         )
         return cls(**config)
+
+
+def check_file_format(key: str, path: str, file_format: str | None) -> str:
+    """Returns the vocabulary's format; only text files are read.
+
+    `tf.feature_column.categorical_column_with_vocabulary_file` (TF2) also
+    reads `"tfrecord_gzip"`, and picks it for a path ending in
+    `tfrecord.gz` when `file_format` is None (`feature_column_v2.py`,
+    `categorical_column_with_vocabulary_file_v2`). Lookups, `.keras` assets
+    and serving exports here read one token per text line, so such a file
+    is refused rather than misread.
+    """
+    if file_format is None:
+        file_format = (
+            "tfrecord_gzip" if path.endswith("tfrecord.gz") else "text"
+        )
+    if file_format != "text":
+        raise ValueError(
+            f"Column '{key}' reads its vocabulary {path} with "
+            f"file_format={file_format!r}; only file_format='text' (one "
+            "token per line) is supported. Write the tokens to a text file, "
+            "e.g. with `tf.data.TFRecordDataset(path, 'GZIP')` and one line "
+            "per record, and pass that file."
+        )
+    return file_format
 
 
 def check_oov(

@@ -17,6 +17,7 @@ from keras_tpu_embed.columns.categorical import IdentityColumn
 from keras_tpu_embed.columns.categorical import VocabularyFileColumn
 from keras_tpu_embed.columns.categorical import VocabularyListColumn
 from keras_tpu_embed.columns.categorical import WeightedColumn
+from keras_tpu_embed.columns.categorical import check_file_format
 from keras_tpu_embed.columns.categorical import dtype_name
 from keras_tpu_embed.columns.vocabulary_files import INTEGER_DTYPES
 
@@ -93,35 +94,46 @@ def categorical_column_with_vocabulary_file(
     key: str,
     vocabulary_file: str,
     vocabulary_size: int | None = None,
-    num_oov_buckets: int = 0,
-    default_value: int | None = None,
     dtype: Any = "string",
+    default_value: int | None = None,
+    num_oov_buckets: int = 0,
+    file_format: str | None = None,
 ) -> VocabularyFileColumn:
     """A column mapping values to their line number in `vocabulary_file`.
+
+    The arguments are in the order of TF2's
+    `tf.feature_column.categorical_column_with_vocabulary_file`; TF1's
+    `tf.compat.v1.feature_column` one puts `num_oov_buckets` and
+    `default_value` before `dtype` (pass those by keyword).
 
     Args:
         key: Name of the feature.
         vocabulary_file: Path of a file with one token per line.
         vocabulary_size: Number of lines to use; all of them when `None`.
+        dtype: `"string"` or an integer dtype.
+        default_value: Id of out-of-vocabulary values; `None` drops them.
         num_oov_buckets: Hash buckets after the vocabulary for
             out-of-vocabulary values; exclusive with `default_value`.
-        default_value: Id of out-of-vocabulary values; `None` drops them.
-        dtype: `"string"` or an integer dtype.
+        file_format: `None` or `"text"`. TF's `"tfrecord_gzip"` (also what
+            `None` means for a path ending in `tfrecord.gz`) is refused.
 
     Returns:
         A `VocabularyFileColumn`.
 
     Raises:
         ValueError: if the file is missing, empty or malformed (the message
-            names the path and line), or `vocabulary_size` exceeds it.
+            names the path and line), `vocabulary_size` exceeds it, or the
+            file is not a text file.
     """
+    path = os.fspath(vocabulary_file) if vocabulary_file else ""
     return VocabularyFileColumn(
         key=key,
-        vocabulary_file=os.fspath(vocabulary_file) if vocabulary_file else "",
+        vocabulary_file=path,
         vocabulary_size=vocabulary_size,
         num_oov_buckets=num_oov_buckets,
         default_value=default_value,
         dtype=dtype_name(dtype, "dtype", key),
+        file_format=check_file_format(key, path, file_format),
     )
 
 
@@ -209,15 +221,20 @@ def sequence_categorical_column_with_vocabulary_file(
     default_value: int | None = None,
     dtype: Any = "string",
 ) -> VocabularyFileColumn:
-    """Sequence form of `categorical_column_with_vocabulary_file`."""
+    """Sequence form of `categorical_column_with_vocabulary_file`.
+
+    In the argument order of TF's
+    `tf.feature_column.sequence_categorical_column_with_vocabulary_file`,
+    which has kept TF1's order and has no `file_format`.
+    """
     return as_sequence(
         categorical_column_with_vocabulary_file(
             key,
             vocabulary_file,
-            vocabulary_size,
-            num_oov_buckets,
-            default_value,
-            dtype,
+            vocabulary_size=vocabulary_size,
+            num_oov_buckets=num_oov_buckets,
+            default_value=default_value,
+            dtype=dtype,
         )
     )
 

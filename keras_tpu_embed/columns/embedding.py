@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 from keras_tpu_embed._compat import keras
@@ -53,6 +54,16 @@ class _EmbeddingSpec:
     embedding_lookup_device: LookupDevice | str | None = None
     tensor_core_shape: tuple[int | None, int] | None = None
     use_safe_embedding_lookup: bool = True
+    # `tf.feature_column.embedding_column`'s `trainable`: False freezes the
+    # table (no update, no optimizer slots).
+    trainable: bool = True
+    # `tf.feature_column.embedding_column`'s `max_norm`: each looked-up row
+    # is clipped to this L2 norm before the combiner.
+    max_norm: float | None = None
+    # `tf.feature_column.embedding_column`'s warm start: the table's initial
+    # value is this tensor of this checkpoint (see `tables.py`).
+    ckpt_to_load_from: str | None = None
+    tensor_name_in_ckpt: str | None = None
 
     def __post_init__(self) -> None:
         column = self.categorical_column
@@ -80,6 +91,32 @@ class _EmbeddingSpec:
                 self, "initializer", default_initializer(self.dimension)
             )
         _check_max_sequence_length(column, self.max_sequence_length)
+        if not isinstance(self.trainable, bool):
+            raise TypeError(
+                f"`trainable` of column '{column.name}' must be True or "
+                f"False. Received: trainable={self.trainable!r}"
+            )
+        if self.max_norm is not None:
+            if isinstance(self.max_norm, bool) or not isinstance(
+                self.max_norm, (int, float)
+            ):
+                raise TypeError(
+                    f"`max_norm` of column '{column.name}' must be a number "
+                    f"or None. Received: max_norm={self.max_norm!r}"
+                )
+            if not self.max_norm > 0:
+                raise ValueError(
+                    f"`max_norm` of column '{column.name}' must be > 0 (or "
+                    f"None for no clipping). Received: max_norm={self.max_norm}"
+                )
+            object.__setattr__(self, "max_norm", float(self.max_norm))
+        _check_checkpoint_pair(
+            column.name, self.ckpt_to_load_from, self.tensor_name_in_ckpt
+        )
+        if self.ckpt_to_load_from is not None:
+            object.__setattr__(
+                self, "ckpt_to_load_from", os.fspath(self.ckpt_to_load_from)
+            )
         if self.learning_rate_fn is not None and not callable(
             self.learning_rate_fn
         ):
@@ -136,6 +173,10 @@ class _EmbeddingSpec:
             "dimension": self.dimension,
             "initializer": _serialize_callable(self.initializer),
             "learning_rate_fn": _serialize_callable(self.learning_rate_fn),
+            "trainable": self.trainable,
+            "max_norm": self.max_norm,
+            "ckpt_to_load_from": self.ckpt_to_load_from,
+            "tensor_name_in_ckpt": self.tensor_name_in_ckpt,
         }
 
     def get_config(self) -> dict[str, Any]:
@@ -151,6 +192,11 @@ class _EmbeddingSpec:
             config["tensor_core_shape"] = list(self.tensor_core_shape)
         if self.lookup_device is not None:
             config["embedding_lookup_device"] = self.lookup_device.value
+        # The checkpoint gives the table its first value only; a saved model
+        # carries the table itself, and reloading it must not need (or read
+        # again) a checkpoint that may be gone by then.
+        config.pop("ckpt_to_load_from")
+        config.pop("tensor_name_in_ckpt")
         return config
 
     @classmethod
@@ -219,6 +265,24 @@ def check_dimension(dimension: Any, name: str) -> None:
         raise ValueError(
             f"Invalid dimension {dimension!r} for column {name}: `dimension` "
             "must be a positive integer."
+        )
+
+
+def _check_checkpoint_pair(
+    name: str, checkpoint: Any, tensor_name: Any
+) -> None:
+    # The rule of `feature_column_v2.embedding_column`.
+    if (checkpoint is None) != (tensor_name is None):
+        raise ValueError(
+            f"Column '{name}' needs both `ckpt_to_load_from` and "
+            "`tensor_name_in_ckpt`, or neither. Received: "
+            f"ckpt_to_load_from={checkpoint!r}, "
+            f"tensor_name_in_ckpt={tensor_name!r}"
+        )
+    if tensor_name is not None and not isinstance(tensor_name, str):
+        raise TypeError(
+            f"`tensor_name_in_ckpt` of column '{name}' must be a string. "
+            f"Received: {tensor_name!r}"
         )
 
 

@@ -31,6 +31,11 @@ def embedding_column(
     embedding_lookup_device: str | None = None,
     tensor_core_shape: Sequence[int | None] | None = None,
     use_safe_embedding_lookup: bool = True,
+    *,
+    trainable: bool = True,
+    max_norm: float | None = None,
+    ckpt_to_load_from: str | None = None,
+    tensor_name_in_ckpt: str | None = None,
 ) -> EmbeddingColumn:
     """An embedding table looked up by one categorical column.
 
@@ -60,6 +65,17 @@ def embedding_column(
         use_safe_embedding_lookup: Prune invalid ids and, for `"mean"` and
             `"sqrtn"`, non-positive weights, as
             `tf.nn.safe_embedding_lookup_sparse` does.
+        trainable: `tf.feature_column.embedding_column`'s flag: False
+            freezes the table (never updated, no optimizer slots). Not
+            available on the TPU embedding engine.
+        max_norm: `tf.feature_column.embedding_column`'s clipping: each
+            looked-up row is scaled down to this L2 norm, if larger, before
+            the combiner (host, tensor-core and serving lookups; not
+            available on the TPU embedding engine).
+        ckpt_to_load_from: A checkpoint (path or prefix) to start the table
+            from, with `tensor_name_in_ckpt`, the name of a
+            `[vocabulary_size, dimension]` tensor in it. Read when the
+            layer is built; a missing tensor or another shape is an error.
 
     Returns:
         An `EmbeddingColumn` named `<categorical column name>_embedding`.
@@ -87,6 +103,10 @@ def embedding_column(
         embedding_lookup_device=embedding_lookup_device,
         tensor_core_shape=tensor_core_shape,  # type: ignore[arg-type]
         use_safe_embedding_lookup=use_safe_embedding_lookup,
+        trainable=trainable,
+        max_norm=max_norm,
+        ckpt_to_load_from=ckpt_to_load_from,
+        tensor_name_in_ckpt=tensor_name_in_ckpt,
     )
 
 
@@ -105,6 +125,11 @@ def shared_embedding_columns(
     embedding_lookup_device: str | None = None,
     tensor_core_shape: Sequence[int | None] | None = None,
     use_safe_embedding_lookup: bool = True,
+    *,
+    trainable: bool = True,
+    max_norm: float | None = None,
+    ckpt_to_load_from: str | None = None,
+    tensor_name_in_ckpt: str | None = None,
 ) -> list[SharedEmbeddingColumn]:
     """Embedding columns that look up one shared table.
 
@@ -126,6 +151,10 @@ def shared_embedding_columns(
         embedding_lookup_device: As for `embedding_column`.
         tensor_core_shape: As for `embedding_column`.
         use_safe_embedding_lookup: As for `embedding_column`.
+        trainable: As for `embedding_column`.
+        max_norm: As for `embedding_column`.
+        ckpt_to_load_from: As for `embedding_column`.
+        tensor_name_in_ckpt: As for `embedding_column`.
 
     Returns:
         A list of `SharedEmbeddingColumn`, in the order of
@@ -206,6 +235,10 @@ def shared_embedding_columns(
             embedding_lookup_device=embedding_lookup_device,
             tensor_core_shape=tensor_core_shape,  # type: ignore[arg-type]
             use_safe_embedding_lookup=use_safe_embedding_lookup,
+            trainable=trainable,
+            max_norm=max_norm,
+            ckpt_to_load_from=ckpt_to_load_from,
+            tensor_name_in_ckpt=tensor_name_in_ckpt,
         )
         for column, length in zip(converted, max_sequence_lengths)
     ]

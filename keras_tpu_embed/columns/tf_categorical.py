@@ -13,6 +13,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_feature_column_v2 as fc
 from keras_tpu_embed.columns import categorical as columns_lib
 from keras_tpu_embed.columns import categorical_columns as factories
+from keras_tpu_embed.columns import derived
 
 
 def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
@@ -53,19 +54,25 @@ def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
             column.num_oov_buckets,
         )
     elif isinstance(column, fc.VocabularyFileCategoricalColumn):
-        if getattr(column, "file_format", None) not in (None, "text"):
-            raise TypeError(
-                f"Column '{column.key}' reads a {column.file_format} "
-                "vocabulary; only text vocabulary files are supported."
-            )
         default = column.default_value
         converted = factories.categorical_column_with_vocabulary_file(
             column.key,
             column.vocabulary_file,
-            column.vocabulary_size,
-            column.num_oov_buckets,
-            None if default == -1 else default,
-            column.dtype,
+            vocabulary_size=column.vocabulary_size,
+            num_oov_buckets=column.num_oov_buckets,
+            default_value=None if default == -1 else default,
+            dtype=column.dtype,
+            file_format=getattr(column, "file_format", None),
+        )
+    elif isinstance(column, fc.BucketizedColumn):
+        converted = derived.bucketized_column(
+            column.source_column, column.boundaries
+        )
+    elif isinstance(column, fc.CrossedColumn):
+        converted = derived.crossed_column(
+            [k if isinstance(k, str) else _cross_key(k) for k in column.keys],
+            column.hash_bucket_size,
+            column.hash_key,
         )
     elif isinstance(column, fc.HashedCategoricalColumn):
         converted = factories.categorical_column_with_hash_bucket(
@@ -76,8 +83,20 @@ def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
             "Cannot convert a column of type "
             f"{type(column).__name__} ({getattr(column, 'name', column)!r}). "
             "Supported: identity, vocabulary list, vocabulary file, hash "
-            "bucket, weighted and sequence categorical columns."
+            "bucket, bucketized, crossed, weighted and sequence categorical "
+            "columns."
         )
     if sequence:
         converted = factories.as_sequence(converted)
+    return converted
+
+
+def _cross_key(key: Any) -> derived.BucketizedColumn:
+    converted = to_categorical_column(key)
+    if not isinstance(converted, derived.BucketizedColumn):
+        raise TypeError(
+            "A crossed column may cross feature keys and bucketized columns; "
+            f"it has the {type(key).__name__} {getattr(key, 'name', key)!r}."
+            " Cross its raw feature key instead."
+        )
     return converted

@@ -84,6 +84,10 @@ def _convert_embedding_column(
             # convention of padding to a length needs one, so it is refused.
             max_sequence_length=_require_no_sequence(categorical),
             use_safe_embedding_lookup=column.use_safe_embedding_lookup,
+            trainable=bool(creator._trainable),
+            max_norm=column.max_norm,
+            ckpt_to_load_from=creator._ckpt_to_load_from,
+            tensor_name_in_ckpt=creator._tensor_name_in_ckpt,
         )
     if isinstance(column, fc.EmbeddingColumn):
         categorical = to_categorical_column(column.categorical_column)
@@ -94,6 +98,10 @@ def _convert_embedding_column(
             initializer=_initializer(column.initializer),
             max_sequence_length=_require_no_sequence(categorical),
             use_safe_embedding_lookup=column.use_safe_embedding_lookup,
+            trainable=bool(column.trainable),
+            max_norm=column.max_norm,
+            ckpt_to_load_from=column.ckpt_to_load_from,
+            tensor_name_in_ckpt=column.tensor_name_in_ckpt,
         )
     raise TypeError(
         "Expected an embedding column (keras_tpu_embed.embedding_column, "

@@ -25,6 +25,7 @@ from keras_tpu_embed.ids import identity_default
 from keras_tpu_embed.ids import map_to_default
 from keras_tpu_embed.ids import prunes_weights
 from keras_tpu_embed.ids import width_of
+from keras_tpu_embed.tables import clip_rows
 from keras_tpu_embed.types import Tensor
 
 
@@ -272,6 +273,9 @@ class DenseTableLookup:
         dim = self.table.dimension
         values = []
         for column, part, factor in zip(self.table.columns, rows, weights):
+            # `max_norm` clips each entry's row before the combiner, as
+            # the legacy lookup does (see `tables.clip_rows`).
+            part = clip_rows(part, self.table.max_norm)
             part = tf.reshape(part, [-1, width_of(column), dim])
             if column.is_sequence:
                 values.append(per_position(part, factor, column.combiner))

@@ -78,7 +78,9 @@ class LocalTables:
             self._variables[table.name] = variable
             setattr(module, table.name, variable)
             self._slots[table.name] = {}
-            for slot in optimizer.SLOTS:
+            # A frozen table (`trainable=False`) has no slots, as TF's
+            # variable with trainable=False gets none from an optimizer.
+            for slot in optimizer.SLOTS if table.trainable else ():
                 slot_variable = initialization.create_table(
                     layer,
                     f"{table.name}_{slot.name}",
@@ -172,6 +174,8 @@ class LocalTables:
         across_replicas = replicas.row_gradient_gather()
         updates = []
         for table, lookup, gradient in zip(self.tables, lookups, gradients):
+            if not table.trainable:
+                continue
             arguments = lookup.update_arguments(
                 gradient,
                 optimizer.updates_all_rows(),

@@ -19,6 +19,7 @@ from keras_tpu_embed.ids import identity_default
 from keras_tpu_embed.ids import prepare_for_lookup
 from keras_tpu_embed.ids import prunes_weights
 from keras_tpu_embed.ids import to_id_batch
+from keras_tpu_embed.tables import clip_rows
 from keras_tpu_embed.types import Tensor
 
 
@@ -232,11 +233,18 @@ class SparseTableLookup:
         """Activations per column (`compiled` is ignored: sparse ops)."""
         outputs = {}
         padded = None
+        max_norm = self.table.max_norm
+        # Clipping the distinct rows clips every entry's row (legacy clips
+        # per entry, after the gather); the trap's gradient is the
+        # unclipped rows', so the update sees the clip's derivative.
+        trapped_rows = (
+            None if trapped_rows is None else clip_rows(trapped_rows, max_norm)
+        )
         for column in self.table.columns:
             batch = self.batches[column.name]
             if trapped_rows is None:
                 # Serving: each entry's row straight from the table.
-                source = tf.gather(variable, batch.ids)
+                source = clip_rows(tf.gather(variable, batch.ids), max_norm)
                 index = tf.range(tf.size(batch.ids))
                 padded_source = None
             else:

@@ -1,0 +1,270 @@
+"""Warm start from feature-column and TPUEstimator checkpoints.
+
+Feature-column checkpoints are written by TF's own legacy code
+(`tf.compat.v1.feature_column.input_layer` in a graph, saved with
+`tf.compat.v1.train.Saver`), so their variable names are TF's. No
+TPUEstimator can run here: its checkpoints are built with the names and
+layout its sources give (see `keras_tpu_embed/warm_start.py`): the table
+as a variable partitioned over the hosts with `fixed_size_partitioner`,
+its rows in "mod" order, and the Adagrad slot `<table>/Adagrad` beside it.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+from keras_tpu_embed.warm_start import unshard_mod
+
+fc = tf.feature_column
+V1 = tf.compat.v1
+
+FEATURES = {
+    "item": [[1, 3], [0, -1], [5, 5]],
+    "s1": [[2, -1], [4, 1], [0, -1]],
+    "s2": [[3, -1], [-1, -1], [1, 2]],
+}
+
+
+def _shared_categoricals():
+    return [
+        fc.categorical_column_with_identity("s1", 5),
+        fc.categorical_column_with_identity("s2", 5),
+    ]
+
+
+def _tf_columns(legacy=False):
+    """The legacy model's columns; `legacy`: TF1's shared columns, which
+    `input_layer` takes (ours: the same table from kte)."""
+    item = fc.embedding_column(
+        fc.categorical_column_with_identity("item", 6), 3, combiner="sum"
+    )
+    shared_columns = (
+        V1.feature_column.shared_embedding_columns
+        if legacy
+        else kte.shared_embedding_columns
+    )
+    shared = shared_columns(
+        _shared_categoricals(), 2, shared_embedding_collection_name="s_shared"
+    )
+    return [item] + shared
+
+
+def _legacy_checkpoint(directory):
+    """Trains nothing: random tables, saved by TF's legacy graph code.
+
+    Returns the checkpoint prefix and the legacy (concatenated) output.
+    """
+    with tf.Graph().as_default():
+        columns = _tf_columns(legacy=True)
+        features = {}
+        for key, rows in FEATURES.items():
+            dense = tf.constant(rows, tf.int64)
+            # -1 entries are padding, dropped as the layer drops them.
+            where = tf.where(tf.not_equal(dense, -1))
+            features[key] = tf.SparseTensor(
+                where, tf.gather_nd(dense, where), tf.shape(dense, tf.int64)
+            )
+        # One input_layer: columns concatenated in name order.
+        outputs = V1.feature_column.input_layer(features, columns)
+        saver = V1.train.Saver()
+        with V1.Session() as session:
+            session.run(V1.global_variables_initializer())
+            names = [v.name for v in V1.global_variables()]
+            values = session.run(outputs)
+            prefix = saver.save(session, str(directory / "legacy"))
+    assert "input_layer/item_embedding/embedding_weights:0" in names
+    assert "input_layer/s_shared/embedding_weights:0" in names
+    return prefix, values
+
+
+def _layer(columns=None, output="dict"):
+    layer = kte.TPUEmbeddingLayer(columns or _tf_columns(), output=output)
+    layer.build()
+    return layer
+
+
+def _features():
+    return {k: tf.constant(v, tf.int64) for k, v in FEATURES.items()}
+
+
+def test_feature_column_checkpoint_gives_legacy_outputs(tmp_path):
+    prefix, legacy = _legacy_checkpoint(tmp_path)
+    layer = _layer(output="concat")
+    report = kte.warm_start(layer, prefix)
+    assert report.loaded == {
+        "item": "input_layer/item_embedding/embedding_weights",
+        "s_shared": "input_layer/s_shared/embedding_weights",
+    }
+    assert report.not_found == {}
+    ours = layer(_features())
+    np.testing.assert_allclose(ours.numpy(), legacy, atol=1e-6)
+
+
+def test_tables_not_in_the_checkpoint_are_reported(tmp_path):
+    prefix, _ = _legacy_checkpoint(tmp_path)
+    extra = kte.embedding_column(
+        kte.categorical_column_with_identity("other", 4), 2
+    )
+    layer = _layer(_tf_columns() + [extra])
+    before = layer.table_variable("other").numpy().copy()
+    with pytest.warns(UserWarning, match="other.*other_embedding"):
+        report = kte.warm_start(layer, prefix)
+    assert report.not_found == {"other": ["other_embedding/embedding_weights"]}
+    np.testing.assert_array_equal(layer.table_variable("other").numpy(), before)
+
+
+def test_wrong_shape_names_tensor_checkpoint_and_both_shapes(tmp_path):
+    prefix, _ = _legacy_checkpoint(tmp_path)
+    wide = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 6), 4
+    )
+    with pytest.raises(ValueError, match=r"item_embedding.*\[6, 3\].*\[6, 4\]"):
+        kte.warm_start(_layer([wide]), prefix)
+
+
+def test_vocabulary_change_moves_rows_by_token(tmp_path):
+    old_vocabulary = ["a", "b", "c", "d"]
+    new_vocabulary = ["d", "new", "a"]
+    old_values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with tf.Graph().as_default():
+        V1.get_variable(
+            "input_layer/w_embedding/embedding_weights",
+            initializer=tf.constant(old_values),
+        )
+        with V1.Session() as session:
+            session.run(V1.global_variables_initializer())
+            prefix = V1.train.Saver().save(session, str(tmp_path / "v"))
+    column = kte.embedding_column(
+        kte.categorical_column_with_vocabulary_list(
+            "w", new_vocabulary, num_oov_buckets=1
+        ),
+        3,
+    )
+    layer = _layer([column])
+    initial = layer.table_variable("w").numpy().copy()
+    kte.warm_start(
+        layer, prefix, vocabularies={"w": (old_vocabulary, new_vocabulary)}
+    )
+    table = layer.table_variable("w").numpy()
+    np.testing.assert_array_equal(table[0], old_values[3])  # "d"
+    np.testing.assert_array_equal(table[2], old_values[0])  # "a"
+    # The new token and the OOV bucket keep the column's initial values.
+    np.testing.assert_array_equal(table[[1, 3]], initial[[1, 3]])
+
+
+def _tpu_estimator_checkpoint(directory, logical, accumulators, num_hosts):
+    """A checkpoint laid out as a TPUEstimator run with "mod" sharding
+    writes it: one variable per host (fixed_size_partitioner), host i
+    holding the ids i, i + n, ..., and the Adagrad slot beside it."""
+    order = np.concatenate(
+        [np.arange(h, len(logical), num_hosts) for h in range(num_hosts)]
+    )
+    name = "input_layer/item_embedding/embedding_weights"
+    with tf.Graph().as_default():
+        for variable_name, values in (
+            (name, logical),
+            (name + "/Adagrad", accumulators),
+        ):
+            V1.get_variable(
+                variable_name,
+                initializer=tf.constant(values[order]),
+                partitioner=V1.fixed_size_partitioner(num_hosts),
+            )
+        with V1.Session() as session:
+            session.run(V1.global_variables_initializer())
+            return V1.train.Saver().save(session, str(directory / "tpu"))
+
+
+def test_mod_sharded_tpu_estimator_table_and_slots(tmp_path):
+    logical = np.arange(14 * 2, dtype=np.float32).reshape(14, 2)
+    accumulators = logical + 100.0
+    prefix = _tpu_estimator_checkpoint(tmp_path, logical, accumulators, 3)
+    shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+    assert shapes["input_layer/item_embedding/embedding_weights"] == [14, 2]
+    column = tf.compat.v1.tpu.experimental.embedding_column(
+        fc.categorical_column_with_identity("item", 14), 2
+    )
+    layer = kte.TPUEmbeddingLayer(
+        [column],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1)),
+    )
+    layer.build()
+    report = kte.warm_start(
+        layer, prefix, partition_strategy="mod", num_shards=3, slots=True
+    )
+    table = "input_layer/item_embedding/embedding_weights"
+    assert report.slots == {"item": {"accumulators": table + "/Adagrad"}}
+    np.testing.assert_array_equal(layer.table_variable("item").numpy(), logical)
+    np.testing.assert_array_equal(
+        layer.slot_variables("item")["accumulators"].numpy(), accumulators
+    )
+    # Read as "div", the same checkpoint gives the stored (host) order.
+    kte.warm_start(layer, prefix)
+    assert not np.array_equal(layer.table_variable("item").numpy(), logical)
+
+
+def test_mod_needs_the_number_of_shards(tmp_path):
+    with pytest.raises(ValueError, match="num_shards"):
+        kte.warm_start(_layer(), str(tmp_path), partition_strategy="mod")
+
+
+def test_unshard_mod_inverts_the_host_layout():
+    ids = np.arange(11)[:, None]
+    stored = np.concatenate([ids[h::4] for h in range(4)])
+    np.testing.assert_array_equal(unshard_mod(stored, 4), ids)
+
+
+def test_tf2_shared_embeddings_variable_is_found(tmp_path):
+    values = np.arange(10, dtype=np.float32).reshape(5, 2)
+    with tf.Graph().as_default():
+        shared = fc.shared_embeddings(
+            _shared_categoricals(),
+            2,
+            shared_embedding_collection_name="s_shared",
+        )
+        # What DenseFeatures creates: one variable named after the table.
+        variable = shared[0].shared_embedding_column_creator.embedding_weights
+        assert variable.name == "s_shared:0"
+        with V1.Session() as session:
+            session.run(variable.assign(values))
+            prefix = V1.train.Saver([variable]).save(
+                session, str(tmp_path / "s")
+            )
+    layer = _layer(_tf_columns()[1:])
+    assert kte.warm_start(layer, prefix).loaded == {"s_shared": "s_shared"}
+    np.testing.assert_array_equal(
+        layer.table_variable("s_shared").numpy(), values
+    )
+
+
+def test_slots_of_a_tf1_optimizer_are_loaded(tmp_path):
+    # The slot is created by TF's own AdagradOptimizer, named by TF.
+    with tf.Graph().as_default():
+        column = fc.embedding_column(
+            fc.categorical_column_with_identity("item", 6), 3
+        )
+        ids = tf.SparseTensor(
+            [[0, 0], [1, 0]], tf.constant([1, 4], tf.int64), [2, 1]
+        )
+        out = V1.feature_column.input_layer({"item": ids}, [column])
+        train = V1.train.AdagradOptimizer(0.5).minimize(tf.reduce_sum(out))
+        with V1.Session() as session:
+            session.run(V1.global_variables_initializer())
+            session.run(train)
+            names = [v.op.name for v in V1.global_variables()]
+            prefix = V1.train.Saver().save(session, str(tmp_path / "adagrad"))
+    table = "input_layer/item_embedding/embedding_weights"
+    assert table + "/Adagrad" in names
+    reader = tf.train.load_checkpoint(prefix)
+    layer = kte.TPUEmbeddingLayer(
+        [column],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.5)),
+    )
+    layer.build()
+    report = kte.warm_start(layer, prefix, slots=True)
+    assert report.slots == {"item": {"accumulators": table + "/Adagrad"}}
+    np.testing.assert_array_equal(
+        layer.slot_variables("item")["accumulators"].numpy(),
+        reader.get_tensor(table + "/Adagrad"),
+    )
