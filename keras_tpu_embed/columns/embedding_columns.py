@@ -223,22 +223,25 @@ def shared_embedding_columns(
         shared_embedding_collection_name = (
             "_".join(c.name for c in ordered) + "_shared_embedding"
         )
+    # What every column of the table shares; each adds its own categorical
+    # column and sequence length.
+    table: dict[str, Any] = dict(
+        dimension=dimension,
+        combiner=combiner,
+        initializer=initializer,
+        shared_embedding_collection_name=shared_embedding_collection_name,
+        learning_rate_fn=learning_rate_fn,
+        embedding_lookup_device=embedding_lookup_device,
+        tensor_core_shape=tensor_core_shape,
+        use_safe_embedding_lookup=use_safe_embedding_lookup,
+        trainable=trainable,
+        max_norm=max_norm,
+        ckpt_to_load_from=ckpt_to_load_from,
+        tensor_name_in_ckpt=tensor_name_in_ckpt,
+    )
     return [
         SharedEmbeddingColumn(
-            categorical_column=column,
-            dimension=dimension,
-            combiner=combiner,
-            initializer=initializer,
-            shared_embedding_collection_name=shared_embedding_collection_name,
-            max_sequence_length=length,
-            learning_rate_fn=learning_rate_fn,
-            embedding_lookup_device=embedding_lookup_device,
-            tensor_core_shape=tensor_core_shape,  # type: ignore[arg-type]
-            use_safe_embedding_lookup=use_safe_embedding_lookup,
-            trainable=trainable,
-            max_norm=max_norm,
-            ckpt_to_load_from=ckpt_to_load_from,
-            tensor_name_in_ckpt=tensor_name_in_ckpt,
+            categorical_column=column, max_sequence_length=length, **table
         )
         for column, length in zip(converted, max_sequence_lengths)
     ]
