@@ -342,7 +342,12 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         )
         features = self._inputs.features(inputs)
         phase = Phase(
-            training=bool(training),
+            # Keras calls a subclassed model whose `call` takes no
+            # `training` without it, so its layers see None in `fit`.
+            # Unless told it is not training, the layer traps its rows:
+            # the update runs only if a gradient reaches the trap, which is
+            # exactly when a training step differentiates the loss.
+            training=training is not False and not self._serving,
             serving=self._serving,
             devices={
                 table.name: self._table_device(table, serving=self._serving)

@@ -199,3 +199,47 @@ def test_weights_stored_by_position_still_load():
         layer.table_variable("b").path
     )
     np.testing.assert_array_equal(layer.table_variable("b").numpy(), index + 1)
+
+
+def test_subclassed_model_without_training_argument_trains_tables():
+    """Keras calls such a model without `training`; tables must still train
+    in `fit` (they silently did not), and not in `predict` or `evaluate`."""
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("i", 20), 3
+    )
+    config = kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.3))
+    x = {"i": tf.constant([[1], [2]], tf.int64)}
+    y = np.ones((2, 1), "float32")
+
+    def train(make_model):
+        keras.utils.set_random_seed(1)
+        layer = kte.TPUEmbeddingLayer([column], config=config, output="concat")
+        model = make_model(layer)
+        model(x)
+        model.compile("sgd", "mse")
+        before = layer.table_variable("i").numpy().copy()
+        model.predict(x, verbose=0)
+        model.evaluate(x, y, verbose=0)
+        np.testing.assert_array_equal(layer.table_variable("i"), before)
+        model.fit(x, y, epochs=2, verbose=0)
+        return layer
+
+    class Ranker(keras.Model):
+        def __init__(self, layer):
+            super().__init__()
+            self.embedding = layer
+            self.head = keras.layers.Dense(1)
+
+        def call(self, features):  # no `training` argument
+            return self.head(self.embedding(features))
+
+    def functional(layer):
+        inputs = {"i": keras.Input((1,), dtype="int64", name="i")}
+        return keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
+
+    subclassed = train(Ranker)
+    reference = train(functional)
+    assert int(subclassed.embedding_step.numpy()) == 2
+    np.testing.assert_allclose(
+        subclassed.table_variable("i"), reference.table_variable("i")
+    )
