@@ -126,6 +126,17 @@ class LayerOutputs:
             )
         return outputs
 
+    def placeholder(self, features: dict[str, Tensor]) -> Any:
+        """Zeros shaped like the output, for Keras' symbolic traces."""
+        first = tf.nest.flatten(next(iter(features.values())))[0]
+        batch = tf.shape(first)[0]
+
+        def zeros(spec: Any) -> Tensor:
+            shape = [batch, *spec.shape[1:]]
+            return tf.zeros(tf.stack(shape), spec.dtype)
+
+        return tf.nest.map_structure(zeros, self.spec())
+
     def spec(self) -> Any:
         """The output's `keras.KerasTensor`s, for Keras' symbolic calls."""
         specs = {}

@@ -18,6 +18,7 @@ from typing import Sequence
 from keras_tpu_embed import loading
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import keras
+from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
@@ -167,13 +168,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     ) -> Iterator[None]:
         """Inside, calls trace the serving lookups (what an export holds).
 
-        Each table's serving device is resolved first, so that an invalid
-        one (`tpu_embedding_core`, or the tensor core for a column without
-        `tensor_core_shape`) fails here, naming the column.
-
-        Args:
-            lookup_device: `LookupDevice.CPU` or `TPU_TENSOR_CORE` for every
-                table, overriding the layer's `serving_lookup_device`.
+        `lookup_device` (CPU or TPU_TENSOR_CORE) overrides the layer's
+        `serving_lookup_device` for every table. Each table's serving device
+        is resolved first, so an invalid one fails here, naming the column.
         """
         saved = (self._serving, self._serving_override)
         self._serving, self._serving_override = True, lookup_device
@@ -186,13 +183,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
 
     @property
     def input_dtype(self) -> str:
-        """Float inputs (weights) stay float32 under any dtype policy.
-
-        Keras casts float inputs to `input_dtype`, the compute dtype by
-        default: `mixed_bfloat16` would round the weights and, on the TPU
-        engine, compute them on the device instead of enqueueing them from
-        the host. Ids are integers and never cast.
-        """
+        """float32: Keras would cast weights to a mixed policy's dtype,
+        rounding them and, on the TPU engine, computing them on the device
+        instead of enqueueing them from the host. Ids are never cast."""
         return "float32"
 
     def _table_device(self, table: TableSpec, serving: bool) -> LookupDevice:
@@ -341,17 +334,20 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             on_engine=self._engine_tables is not None,
         )
         features = self._inputs.features(inputs)
+        if keras_in_symbolic_scope() and self._engine_tables is None:
+            # Keras' symbolic build of a subclassed model under
+            # MirroredStrategy feeds float32 placeholders whatever the
+            # data's dtype; it wants shapes only, so no lookup runs.
+            return self._outputs().placeholder(features)
+        # Keras calls a subclassed model whose `call` takes no `training`
+        # without it, so in `fit` its layers see None: unless told False,
+        # trap the rows; the update runs only if a gradient reaches them.
         phase = Phase(
-            # Keras calls a subclassed model whose `call` takes no
-            # `training` without it, so its layers see None in `fit`.
-            # Unless told it is not training, the layer traps its rows:
-            # the update runs only if a gradient reaches the trap, which is
-            # exactly when a training step differentiates the loss.
             training=training is not False and not self._serving,
             serving=self._serving,
             devices={
-                table.name: self._table_device(table, serving=self._serving)
-                for table in self._local.tables
+                t.name: self._table_device(t, self._serving)
+                for t in self._local.tables
             },
         )
         values: dict[str, Tensor] = {}

@@ -570,3 +570,57 @@ def test_keras_fit_fails_under_multi_worker_mirrored_strategy(tmp_path):
         "unsupported type" in err and "PerReplica" in err
         for _, _, err in results
     )
+
+
+SUBCLASSED_FIT = r"""
+import os
+os.environ["KERAS_BACKEND"] = "tensorflow"
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras
+import keras_tpu_embed as kte
+
+
+class Ranker(keras.Model):
+    def __init__(self):
+        super().__init__()
+        column = kte.embedding_column(
+            kte.categorical_column_with_identity("i", 20), 3
+        )
+        self.embedding = kte.TPUEmbeddingLayer([column], output="concat")
+        self.head = keras.layers.Dense(1)
+
+    def call(self, features):  # no `training` argument
+        return self.head(self.embedding(features))
+
+
+x = {"i": tf.constant([[1], [2], [3], [4]], tf.int64)}
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    model = Ranker()
+    model(x)
+    model.compile("sgd", "mse")
+before = model.embedding.table_variable("i").numpy().copy()
+data = tf.data.Dataset.from_tensors((x, np.ones((4, 1), "float32")))
+model.fit(data.repeat(3), epochs=1, verbose=0)
+table = model.embedding.table_variable("i")
+copies = [v.numpy() for v in table.value.values]
+assert np.array_equal(copies[0], copies[1])
+assert not np.allclose(before, copies[0])
+print("STEP", int(model.embedding.embedding_step.numpy()))
+"""
+
+
+def test_subclassed_model_trains_under_mirrored_strategy():
+    """Keras traces such a model on float32 placeholders under
+    MirroredStrategy; that trace must not reach the id checks, and `fit`
+    must train both copies of the table."""
+    completed = testing.run_python(
+        "-c", SUBCLASSED_FIT, TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "STEP 3" in completed.stdout
