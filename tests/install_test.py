@@ -7,7 +7,9 @@ are skipped when it is unreachable.
 """
 
 import json
+import os
 import pathlib
+import platform
 import re
 import socket
 import subprocess
@@ -28,8 +30,12 @@ def _registry_reachable() -> bool:
 
 pytestmark = [
     pytest.mark.network,
+    # Off-line development machines cannot ask the registry; CI always can,
+    # so there an unreachable registry fails these tests instead.
     pytest.mark.skipif(
-        not _registry_reachable(), reason="needs the package registry"
+        not os.environ.get("CI") and not _registry_reachable(),
+        reason="pip resolves the extras against the package registry, "
+        "which this machine cannot reach (CI always runs these)",
     ),
 ]
 
@@ -65,8 +71,9 @@ def _resolve(tmp_path, *requirements):
 
 
 @pytest.mark.skipif(
-    sys.platform != "linux" or not sys.maxsize > 2**32,
-    reason="tensorflow-tpu has wheels for 64-bit Linux only",
+    sys.platform != "linux" or platform.machine() != "x86_64",
+    reason="tensorflow-tpu publishes wheels for x86_64 Linux only (TPU VMs), "
+    "so pip cannot resolve it elsewhere",
 )
 def test_tpu_extra_resolves_to_a_tensorflow_tpu_that_exists(tmp_path):
     versions = _resolve(tmp_path, ".[tpu]")
