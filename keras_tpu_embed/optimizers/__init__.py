@@ -11,20 +11,9 @@ Sources of the rules: the comments of TensorFlow's
 numpy references agree with). Where no public source shows the engine's
 behaviour, the choice is marked "inferred" below.
 
-One step of `apply_update`, per table, on the gradient of each distinct row
-(duplicate ids in the batch summed, as the engine sums them):
-
-1. clip the gradient to `clipvalue`;
-2. decoupled weight decay (inferred from the proto's reference to
-   `DecoupledWeightDecayExtension`): `w -= factor * w`, with the factor
-   multiplied by the learning rate when
-   `multiply_weight_decay_factor_by_learning_rate`;
-3. the optimizer's rule on `w` and its slots;
-4. clip the weights to `[clip_weight_min, clip_weight_max]`.
-
-Only the touched rows are read and written — a step costs O(ids in the
-batch), never O(vocabulary) — except for `Adam(lazy_adam=False)`, whose
-non-lazy rule moves every row on every step, as the engine's does.
+One step on a table (gradient clip, decoupled weight decay, the rule,
+weight clip; touched rows only, except `Adam(lazy_adam=False)`) is spelled
+out in `row_update.py`.
 
 Layout: `base.py` (parameters every optimizer has), one module per
 optimizer family, `row_update.py` (one whole step on a table) and
