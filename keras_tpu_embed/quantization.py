@@ -183,8 +183,8 @@ def max_abs_error(model: Any, table_dtype: str) -> dict[str, float]:
     >>> layer = TPUEmbeddingLayer([embedding_column(item, 8)])
     >>> _ = layer({"item": tf.constant([[1]], tf.int64)})
     >>> errors = max_abs_error(layer, "int8")
-    >>> list(errors), errors["item_embedding"] < 0.01
-    (['item_embedding'], True)
+    >>> list(errors), errors["item"] < 0.01
+    (['item'], True)
     """
     from keras_tpu_embed.layers import embedding_layers
 

@@ -274,14 +274,16 @@ def export_saved_model(
         signatures["serving_default"] = tf.function(
             serve, input_signature=[signature], autograph=False
         ).get_concrete_function()
-    root = tf.Module()
-    # Track exactly what the serving graphs read: tables and dense weights,
-    # not optimizer slots, steps or the gradient trap.
-    variables = {}
-    for concrete in signatures.values():
-        for variable in concrete.variables:
-            variables[id(variable)] = variable
-    root.variables_read = list(variables.values())
+        # Inside: quantized tables live only while the context holds them.
+        root = tf.Module()
+        # Track exactly what the serving graphs read: tables (or their
+        # quantized copies) and dense weights, not optimizer slots, steps
+        # or the gradient trap.
+        variables = {}
+        for concrete in signatures.values():
+            for variable in concrete.variables:
+                variables[id(variable)] = variable
+        root.variables_read = list(variables.values())
     root.lookup_tables = (
         [] if preprocessor is None else list(preprocessor.lookup_tables)
     )

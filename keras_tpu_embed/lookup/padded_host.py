@@ -165,16 +165,26 @@ def _layout(
         starts = tf.cumsum(counts, exclusive=True)
         slots = tf.range(n) - tf.gather(starts, rows)
         width = bucket(tf.reduce_max(tf.concat([counts, [0]], 0)))
-    cells = bucket(batch.batch_size) * width
-    fits = cells <= PADDING_LIMIT * tf.maximum(n, batch.batch_size)
-    if length:
-        fits = tf.constant(True)
+    fits = worth_padding(bucket(batch.batch_size) * width, n, batch, length)
     if not batch.row_major:
         # Strictly increasing (example, position) keys: sorted, no repeats.
         span = tf.reduce_max(tf.concat([batch.positions, [0]], 0)) + 1
         keys = rows * span + batch.positions
         fits = tf.logical_and(fits, tf.reduce_all(keys[1:] > keys[:-1]))
     return rows, slots, width, fits
+
+
+def worth_padding(
+    cells: Tensor, entries: Tensor, batch: IdBatch, length: int
+) -> Tensor:
+    """Whether `cells` padded cells are worth it for `entries` entries.
+
+    A sequence column's output has `length` slots per example anyway, so
+    padding its ids to them costs nothing more.
+    """
+    if length:
+        return tf.constant(True)
+    return cells <= PADDING_LIMIT * tf.maximum(entries, batch.batch_size)
 
 
 def _device_part(table: Any, column: Any, variable: Any) -> Any:
