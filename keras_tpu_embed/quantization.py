@@ -25,10 +25,10 @@ with positive weights, the largest bound among the example's rows.
 Example:
 
 >>> import numpy as np
->>> table = np.array([[0.0, 1.0, 0.5], [2.0, 2.0, 2.0]], np.float32)
+>>> table = np.array([[0.0, 1.0, 0.25], [2.0, 2.0, 2.0]], np.float32)
 >>> codes, scale_offset = quantize_rows(table, "int8", "t")
 >>> codes.dtype.name, codes[0].tolist(), codes[1].tolist()
-('uint8', [0, 255, 128], [0, 0, 0])
+('uint8', [0, 255, 64], [0, 0, 0])
 >>> restored = dequantize_rows(codes, scale_offset)
 >>> bool(np.all(np.abs(restored - table) <= error_bound(table, "int8")))
 True
@@ -122,14 +122,14 @@ def error_bound(values: np.ndarray, table_dtype: str) -> np.ndarray:
     if table_dtype == "float32":
         return np.zeros_like(values)
     if table_dtype == "bfloat16":
-        return np.abs(values) * 2.0**-8
+        return np.asarray(np.abs(values) * 2.0**-8)
     spread = values.max(axis=1, keepdims=True) - values.min(
         axis=1, keepdims=True
     )
     return np.broadcast_to(spread / (2 * _INT8_LEVELS), values.shape)
 
 
-class QuantizedTable(tf.Module):
+class QuantizedTable(tf.Module):  # type: ignore[misc]
     """A serving table stored as `quantize_rows` gives it; `gather` returns
     float32 rows.
 
