@@ -185,12 +185,12 @@ def export_saved_model(
             `make_parse_example_spec(columns)`.
 
     Each layer's lookups run on its `serving_lookup_device` (or
-    `lookup_device` for all): `"cpu"` for sparse host lookups,
+    `lookup_device` for all): `"cpu"` for host lookups,
     `"tpu_tensor_core"` for the dense lookup compiled with XLA. Columns
     without a serving choice serve on the CPU. On the CPU a batch is padded
     and looked up by one compiled gather and combiner per column, or, when
     padding would cost more than it saves (one very long row), by sparse
-    ops; both give the same answer.
+    ops; both give the same answer. Nothing is truncated on the CPU.
 
     `table_dtype` stores the exported tables as `"float32"` (as trained),
     `"bfloat16"` or `"int8"` (uint8 codes with a float32 scale and offset

@@ -148,3 +148,21 @@ def test_serving_ids_out_of_range_raise():
             match=r"Feature .*ids.* \(table .*ids.*\) has ids outside",
         ):
             serve(tf.constant([[1, 7]], tf.int64))
+
+
+def test_a_batch_with_one_long_row_serves_as_the_sparse_path():
+    """The run-time choice itself (no patching): a long row goes sparse,
+    the short batch padded; both equal the sparse path."""
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("ids", 300), 4, combiner="sum"
+    )
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    with layer.serving_lookups():
+        serve = tf.function(lambda x: layer({"ids": x}, training=False))
+    for rows in ([[1, 2]] * 63 + [[1]], [[1, 2]] * 63 + [list(range(200))]):
+        ids = tf.ragged.constant(rows, tf.int64)
+        np.testing.assert_allclose(
+            serve(ids).numpy(),
+            layer({"ids": ids}, training=False).numpy(),
+            atol=1e-6,
+        )
