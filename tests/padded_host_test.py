@@ -20,7 +20,14 @@ def _xla_compiled(concrete):
     )
 
 
-@pytest.mark.parametrize("branch", ["padded", "sparse_fallback"])
+def _dense(value):
+    if not isinstance(value, tf.SparseTensor):
+        return value
+    pad = -1 if value.dtype.is_integer else 0.0
+    return tf.sparse.to_dense(value, tf.constant(pad, value.dtype))
+
+
+@pytest.mark.parametrize("branch", ["padded", "sparse_fallback", "dense_ids"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_cpu_serving_equals_sparse_path(kind, branch, tmp_path, monkeypatch):
     kinds = column_kinds(tmp_path)
@@ -37,6 +44,9 @@ def test_cpu_serving_equals_sparse_path(kind, branch, tmp_path, monkeypatch):
         return_sequence_lengths=any(c.is_sequence for c in columns),
     )
     features = pre(raw)
+    if branch == "dense_ids":
+        # Ids given dense: real -1 ids become padding, for both paths.
+        features = {k: _dense(v) for k, v in features.items()}
     layer(features)
     expected = layer(features, training=False)
     with layer.serving_lookups():

@@ -9,8 +9,10 @@ batch's longest row (a sequence column's is `max_sequence_length`, past
 which the sparse path drops entries too). Batch and width are rounded up
 to powers of two, so XLA compiles a handful of programs, not one per shape.
 
-What cannot be padded runs the sparse lookup (`sparse.py`) instead, chosen
-per batch at run time:
+Dense ids (already `[batch, n]`, -1 padded) are padded further as they
+are. Ragged and sparse ids are laid out in a matrix first; what cannot be
+padded runs the sparse lookup (`sparse.py`) instead, chosen per batch at
+run time:
 - a batch whose padded matrix would hold more than `PADDING_LIMIT` cells per
   entry (or per example, if more): one very long row among short ones;
 - a `tf.SparseTensor` whose entries are not in strictly increasing
@@ -28,6 +30,8 @@ from keras_tpu_embed import quantization
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.ids import PADDING_ID
 from keras_tpu_embed.ids import IdBatch
+from keras_tpu_embed.ids import check_ids_dtype
+from keras_tpu_embed.ids import fit_width
 from keras_tpu_embed.ids import identity_default
 from keras_tpu_embed.ids import ids_below
 from keras_tpu_embed.ids import map_to_default
@@ -69,9 +73,12 @@ class PaddedHostLookup:
     ) -> None:
         self.table = table
         self.lengths: dict[str, Tensor] = {}
+        self._features = features
         self._batches: dict[str, IdBatch] = {}
         for column in table.columns:
             weight_key = column.weight_feature_key
+            # Also the checks of ids and weights (dtypes, ranks, shapes,
+            # finite weights), whichever path then runs.
             batch = to_id_batch(
                 column.feature_key,
                 features[column.feature_key],
@@ -99,6 +106,8 @@ class PaddedHostLookup:
         }
 
     def _column(self, variable: Any, column: Any, compiled: bool) -> Tensor:
+        if _is_dense(self._features[column.feature_key]):
+            return self._dense_column(variable, column, compiled)
         table = self.table
         batch = self._batches[column.name]
         ids = map_to_default(
@@ -142,6 +151,61 @@ class PaddedHostLookup:
             return _sparse_column(variable, table, column, batch)
 
         return tf.cond(fits, padded, unpadded)
+
+    def _dense_column(
+        self, variable: Any, column: Any, compiled: bool
+    ) -> Tensor:
+        """Ids already dense, padded with -1: padded further to powers of
+        two, never compacted (they are the batch as it was sent)."""
+        table = self.table
+        ids = _as_matrix(
+            check_ids_dtype(
+                column.feature_key, self._features[column.feature_key]
+            )
+        )
+        ids = map_to_default(
+            ids,
+            table.vocabulary_size,
+            identity_default(column),
+            keep_padding=True,
+        )
+        ids = ids_below(
+            ids,
+            table.vocabulary_size,
+            f"Feature '{column.feature_key}' (table '{table.name}') has ids "
+            f"outside the valid range [0, {table.vocabulary_size}); set a "
+            "default_value on an identity column to map them.",
+        )
+        inputs: list[tuple[Tensor, Any]] = [(ids, PADDING_ID)]
+        if column.weight_feature_key:
+            weights = self._features[column.weight_feature_key]
+            inputs.append((_as_matrix(tf.cast(weights, tf.float32)), 0.0))
+        length = column.max_sequence_length if column.is_sequence else 0
+        if length:
+            inputs = [(fit_width(x, length, pad), pad) for x, pad in inputs]
+        shape = tf.shape(ids, out_type=tf.int64)
+        size = bucket(shape[0])
+        width = length or bucket(tf.shape(inputs[0][0], out_type=tf.int64)[1])
+        padded = [
+            tf.pad(
+                x,
+                [[0, size - shape[0]], [0, width - tf.shape(x, tf.int64)[1]]],
+                constant_values=pad,
+            )
+            for x, pad in inputs
+        ]
+        device = _device_part(table, column, variable)
+        if compiled:
+            device = tf.function(device, jit_compile=True, autograph=False)
+        return device(*padded)[: shape[0]]
+
+
+def _is_dense(value: Any) -> bool:
+    return not isinstance(value, (tf.SparseTensor, tf.RaggedTensor))
+
+
+def _as_matrix(value: Tensor) -> Tensor:
+    return value[:, tf.newaxis] if value.shape.rank == 1 else value
 
 
 def _layout(
