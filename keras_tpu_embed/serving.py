@@ -24,6 +24,7 @@ from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.layers import embedding_layers
 from keras_tpu_embed.loading import write_digests
+from keras_tpu_embed.loading import write_export_info
 from keras_tpu_embed.preprocessing import FeaturePreprocessor
 from keras_tpu_embed.preprocessing import make_parse_example_spec
 from keras_tpu_embed.quantization import QuantizedTable
@@ -288,6 +289,7 @@ def export_saved_model(
         [] if preprocessor is None else list(preprocessor.lookup_tables)
     )
     tf.saved_model.save(root, path, signatures=signatures)
+    write_export_info(path, table_dtype)
     write_digests(path)
     return path
 
