@@ -3,11 +3,14 @@
 Every table that is not in the TPU embedding engine lives here, as the
 layer's own Keras variables (non-trainable for Keras: its optimizer must
 not touch them). Each call looks a table up on the device of the phase: the
-sparse lookup (`sparse.py`) or the dense XLA lookup (`dense_xla.py`). In a
-training call the gathered rows pass through the gradient trap
-(`gradient_trap.py`), whose backward pass applies the embedding optimizer's
-step to the touched rows (`update_rules.py` for the config's rules,
-`optimizers.row_update` for the optimizer's), then counts the step.
+sparse lookup (`sparse.py`) or the dense XLA lookup (`dense_xla.py`); a
+serving trace on the host pads and compiles where it can (`padded_host.py`),
+reading quantized copies of the tables if the export asks (`serving_tables`,
+`quantization.py`). In a training call the gathered rows pass through the
+gradient trap (`gradient_trap.py`), whose backward pass applies the
+embedding optimizer's step to the touched rows (`update_rules.py` for the
+config's rules, `optimizers.row_update` for the optimizer's), then counts
+the step.
 Under a replicated strategy the rows' gradients of every replica are
 combined first (`replicas.py`), so every copy takes the same update.
 """
