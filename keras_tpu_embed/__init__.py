@@ -1,6 +1,7 @@
 """Keras 3 layers for TPU embeddings with feature-column semantics."""
 
 from keras_tpu_embed import optimizers as optimizers
+from keras_tpu_embed import quantization as quantization
 from keras_tpu_embed.checkpoints import engine_checkpoint as engine_checkpoint
 from keras_tpu_embed.checkpoints import restore_tables as restore_tables
 from keras_tpu_embed.checkpoints import validate_tables as validate_tables
@@ -84,6 +85,7 @@ __all__ = [
     "numeric_column",
     "optimizers",
     "profile_lookups",
+    "quantization",
     "restore_tables",
     "sequence_categorical_column_with_hash_bucket",
     "sequence_categorical_column_with_identity",

@@ -79,6 +79,35 @@ def write_digests(path: str) -> None:
         json.dump({"format": 1, "sha256": files}, handle, sort_keys=True)
 
 
+EXPORT_FILE = os.path.join("assets.extra", "keras_tpu_embed_export.json")
+"""How an export stores its tables (`table_dtype`), for `load_saved_model`."""
+
+
+def write_export_info(path: str, table_dtype: str) -> None:
+    """Records how the export at `path` stores its tables."""
+    info = os.path.join(path, EXPORT_FILE)
+    os.makedirs(os.path.dirname(info), exist_ok=True)
+    with open(info, "w") as handle:
+        json.dump({"format": 1, "table_dtype": table_dtype}, handle)
+
+
+def read_table_dtype(path: str) -> str:
+    """The `table_dtype` an export recorded; "float32" for exports that
+    predate the record (their tables are float32).
+
+    Raises:
+        ValueError: the record exists but cannot be read.
+    """
+    info = os.path.join(path, EXPORT_FILE)
+    if not os.path.exists(info):
+        return "float32"
+    try:
+        with open(info) as handle:
+            return str(json.load(handle)["table_dtype"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise damaged_file_error(info, error) from error
+
+
 def verify_digests(path: str) -> None:
     """Checks every file of an export against the digests it recorded.
 
@@ -195,7 +224,8 @@ def load_saved_model(path: str, verify: bool = True) -> Any:
             False, an export without them loads, checked by TensorFlow only.
 
     Returns:
-        The loaded SavedModel, with `serve`.
+        The loaded SavedModel, with `serve` and `table_dtype` (how its
+        tables are stored: "float32", "bfloat16" or "int8").
 
     Raises:
         ValueError: the SavedModel is truncated, corrupt or edited, or has
@@ -214,6 +244,7 @@ def load_saved_model(path: str, verify: bool = True) -> Any:
     loaded.signatures = CheckedSignatures(loaded.signatures)
     if "serving_default" in loaded.signatures:
         loaded.serve = loaded.signatures["serving_default"]
+    loaded.table_dtype = read_table_dtype(path)
     return loaded
 
 

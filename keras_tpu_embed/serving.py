@@ -24,8 +24,11 @@ from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.layers import embedding_layers
 from keras_tpu_embed.loading import write_digests
+from keras_tpu_embed.loading import write_export_info
 from keras_tpu_embed.preprocessing import FeaturePreprocessor
 from keras_tpu_embed.preprocessing import make_parse_example_spec
+from keras_tpu_embed.quantization import QuantizedTable
+from keras_tpu_embed.quantization import check_table_dtype
 from keras_tpu_embed.types import Tensor
 
 
@@ -112,13 +115,57 @@ def model_inputs(model: keras.Model, features: dict[str, Any]) -> Any:
 
 @contextlib.contextmanager
 def serving_lookups(
-    model: keras.Model, lookup_device: LookupDevice | None
+    model: keras.Model,
+    lookup_device: LookupDevice | None,
+    table_dtype: str = "float32",
 ) -> Iterator[None]:
-    """Puts every embedding layer of `model` in serving mode while tracing."""
+    """Puts every embedding layer of `model` in serving mode while tracing,
+    its tables stored as `table_dtype` (`quantization.py`)."""
     with contextlib.ExitStack() as stack:
         for layer in embedding_layers(model):
             stack.enter_context(layer.serving_lookups(lookup_device))
+            stack.enter_context(_quantized_tables(layer, table_dtype))
         yield
+
+
+@contextlib.contextmanager
+def _quantized_tables(layer: Any, table_dtype: str) -> Iterator[None]:
+    """The layer's own tables served from quantized copies of them.
+
+    The copies are new variables; the layer's float32 tables are read, not
+    changed, and the serving graphs then read the copies only, so the
+    float32 tables stay out of the SavedModel.
+
+    Raises:
+        ValueError: a table in the TPU embedding engine (its rows are not
+            the layer's to copy), or a table with NaN or inf values.
+    """
+    if table_dtype == "float32":
+        yield
+        return
+    # The layer's own tables live in its `LocalTables` (`local_tables.py`).
+    local = layer._local
+    engine = [
+        t.name for t in layer.table_specs if t.name not in local.table_names
+    ]
+    if engine:
+        raise ValueError(
+            f"table_dtype='{table_dtype}' quantizes the tables a layer holds "
+            f"itself, but the tables {engine} of layer '{layer.name}' live in "
+            "the TPU embedding engine. Export them with table_dtype="
+            "'float32'."
+        )
+    saved = local.serving_tables
+    local.serving_tables = {
+        name: QuantizedTable(
+            local.table_variable(name).numpy(), table_dtype, name
+        )
+        for name in local.table_names
+    }
+    try:
+        yield
+    finally:
+        local.serving_tables = saved
 
 
 def export_saved_model(
@@ -126,6 +173,7 @@ def export_saved_model(
     path: str | os.PathLike[str],
     preprocessor: FeaturePreprocessor | None = None,
     lookup_device: str | None = None,
+    table_dtype: str = "float32",
 ) -> str:
     """Writes a serving SavedModel of `model` to `path`.
 
@@ -138,9 +186,21 @@ def export_saved_model(
             `make_parse_example_spec(columns)`.
 
     Each layer's lookups run on its `serving_lookup_device` (or
-    `lookup_device` for all): `"cpu"` for sparse host lookups,
+    `lookup_device` for all): `"cpu"` for host lookups,
     `"tpu_tensor_core"` for the dense lookup compiled with XLA. Columns
-    without a serving choice serve on the CPU.
+    without a serving choice serve on the CPU. On the CPU a batch is padded
+    and looked up by one compiled gather and combiner per column, or, when
+    padding would cost more than it saves (one very long row), by sparse
+    ops; both give the same answer. Nothing is truncated on the CPU.
+
+    `table_dtype` stores the exported tables as `"float32"` (as trained),
+    `"bfloat16"` or `"int8"` (uint8 codes with a float32 scale and offset
+    per row); rows are dequantized right after the gather, before
+    `max_norm` and the combiner. Per element, a served row differs from
+    the trained one by at most `2**-8 * |x|` (bfloat16) or
+    `(row max - row min) / 510` (int8); a combined output by at most the
+    weighted sum of its rows' bounds over the combiner's normalizer. Only
+    the quantized tables are saved; the model's own stay float32.
 
     Args:
         model: A Keras model whose inputs are the preprocessor's outputs
@@ -150,12 +210,14 @@ def export_saved_model(
         preprocessor: The `FeaturePreprocessor` used in training.
         lookup_device: `None` (each layer's choice) or `"cpu"` /
             `"tpu_tensor_core"` for every layer.
+        table_dtype: `"float32"`, `"bfloat16"` or `"int8"`.
 
     Returns:
         The path written.
 
     Raises:
-        ValueError: an unknown `lookup_device`; a column on
+        ValueError: an unknown `lookup_device` or `table_dtype`; a table
+            with NaN or inf values quantized; a column on
             `tpu_embedding_core` with no serving choice; the tensor core for
             a column without `tensor_core_shape`.
 
@@ -176,9 +238,10 @@ def export_saved_model(
     device = parse_lookup_device(
         lookup_device, "lookup_device", SUPPORTED_SERVING_DEVICES
     )
+    check_table_dtype(table_dtype)
     path = os.fspath(path)
     signatures = {}
-    with serving_lookups(model, device):
+    with serving_lookups(model, device, table_dtype):
         if preprocessor is not None:
 
             def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -212,18 +275,21 @@ def export_saved_model(
         signatures["serving_default"] = tf.function(
             serve, input_signature=[signature], autograph=False
         ).get_concrete_function()
-    root = tf.Module()
-    # Track exactly what the serving graphs read: tables and dense weights,
-    # not optimizer slots, steps or the gradient trap.
-    variables = {}
-    for concrete in signatures.values():
-        for variable in concrete.variables:
-            variables[id(variable)] = variable
-    root.variables_read = list(variables.values())
+        # Inside: quantized tables live only while the context holds them.
+        root = tf.Module()
+        # Track exactly what the serving graphs read: tables (or their
+        # quantized copies) and dense weights, not optimizer slots, steps
+        # or the gradient trap.
+        variables = {}
+        for concrete in signatures.values():
+            for variable in concrete.variables:
+                variables[id(variable)] = variable
+        root.variables_read = list(variables.values())
     root.lookup_tables = (
         [] if preprocessor is None else list(preprocessor.lookup_tables)
     )
     tf.saved_model.save(root, path, signatures=signatures)
+    write_export_info(path, table_dtype)
     write_digests(path)
     return path
 

@@ -287,3 +287,20 @@ def test_checked_signatures_keep_the_signature_attributes(tmp_path):
     ]
     assert set(signature.structured_outputs) == {"score"}
     assert copy.copy(signature).specs == signature.specs
+
+
+@pytest.mark.parametrize("table_dtype", ["float32", "bfloat16", "int8"])
+def test_loaded_export_says_how_its_tables_are_stored(tmp_path, table_dtype):
+    path = kte.export_saved_model(
+        _model(), str(tmp_path / "e"), table_dtype=table_dtype
+    )
+    loaded = kte.load_saved_model(path)
+    assert loaded.table_dtype == table_dtype
+    out = loaded.serve(item=np.array([[1, 2]], np.int64))
+    assert next(iter(out.values())).shape == (1, 1)
+
+
+def test_an_export_without_the_record_has_float32_tables(tmp_path):
+    path = kte.export_saved_model(_model(), str(tmp_path / "e"))
+    os.remove(os.path.join(path, "assets.extra", "keras_tpu_embed_export.json"))
+    assert kte.load_saved_model(path, verify=False).table_dtype == "float32"

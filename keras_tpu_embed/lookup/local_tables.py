@@ -3,11 +3,14 @@
 Every table that is not in the TPU embedding engine lives here, as the
 layer's own Keras variables (non-trainable for Keras: its optimizer must
 not touch them). Each call looks a table up on the device of the phase: the
-sparse lookup (`sparse.py`) or the dense XLA lookup (`dense_xla.py`). In a
-training call the gathered rows pass through the gradient trap
-(`gradient_trap.py`), whose backward pass applies the embedding optimizer's
-step to the touched rows (`update_rules.py` for the config's rules,
-`optimizers.row_update` for the optimizer's), then counts the step.
+sparse lookup (`sparse.py`) or the dense XLA lookup (`dense_xla.py`); a
+serving trace on the host pads and compiles where it can (`padded_host.py`),
+reading quantized copies of the tables if the export asks (`serving_tables`,
+`quantization.py`). In a training call the gathered rows pass through the
+gradient trap (`gradient_trap.py`), whose backward pass applies the
+embedding optimizer's step to the touched rows (`update_rules.py` for the
+config's rules, `optimizers.row_update` for the optimizer's), then counts
+the step.
 Under a replicated strategy the rows' gradients of every replica are
 combined first (`replicas.py`), so every copy takes the same update.
 """
@@ -24,6 +27,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.lookup import dense_xla
+from keras_tpu_embed.lookup import padded_host
 from keras_tpu_embed.lookup import replicas
 from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.lookup.backend import Activations
@@ -58,6 +62,8 @@ class LocalTables:
         self._step: Any = None
         self._trigger: Any = None
         self._counts_step = True
+        # Set by a quantized serving export while it traces (`serving.py`).
+        self.serving_tables: dict[str, Any] = {}
 
     def create_variables(self, layer: keras.layers.Layer) -> Any:
         """Creates every table and slot as a weight of `layer`.
@@ -125,10 +131,15 @@ class LocalTables:
     ) -> Activations:
         """Looks every table up; in training, its rows go through the trap."""
         lookups = [
-            self._lookup(table, features, phase.devices[table.name])
+            self._lookup(table, features, phase.devices[table.name], phase)
             for table in self.tables
         ]
         variables = [self._variables[t.name].value for t in self.tables]
+        if phase.serving:
+            variables = [
+                self.serving_tables.get(t.name, variable)
+                for t, variable in zip(self.tables, variables)
+            ]
         trapped: list[Any] = [None] * len(lookups)
         if phase.training and lookups:
             rows = [
@@ -154,9 +165,16 @@ class LocalTables:
         table: TableSpec,
         features: dict[str, Tensor],
         device: LookupDevice,
+        phase: Phase,
     ) -> Any:
         if device is LookupDevice.TPU_TENSOR_CORE:
             return dense_xla.DenseTableLookup(
+                table, features, self.return_sequence_lengths
+            )
+        if phase.serving and not phase.training:
+            # Serving on the host: padded and compiled where the batch
+            # allows, sparse where it does not (`padded_host.py`).
+            return padded_host.PaddedHostLookup(
                 table, features, self.return_sequence_lengths
             )
         return sparse.SparseTableLookup(

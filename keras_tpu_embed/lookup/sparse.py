@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 from typing import Callable
 
+from keras_tpu_embed import quantization
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.ids import IdBatch
 from keras_tpu_embed.ids import identity_default
@@ -244,7 +245,9 @@ class SparseTableLookup:
             batch = self.batches[column.name]
             if trapped_rows is None:
                 # Serving: each entry's row straight from the table.
-                source = clip_rows(tf.gather(variable, batch.ids), max_norm)
+                source = clip_rows(
+                    quantization.gather(variable, batch.ids), max_norm
+                )
                 index = tf.range(tf.size(batch.ids))
                 padded_source = None
             else:

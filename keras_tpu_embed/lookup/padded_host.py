@@ -1,0 +1,290 @@
+"""The `cpu` serving lookup: padded ids, one compiled gather + combine.
+
+`cpu` serving means the lookup runs on the host, not that it must use
+sparse kernels. Each column's ids become a dense `[batch, width]` matrix
+padded with -1 and go through one XLA-compiled gather and combiner, the
+tensor-core path's math (`dense_xla.py`), measured about 2x faster on CPU
+than the sparse segment ops. Nothing is truncated: the width is the
+batch's longest row (a sequence column's is `max_sequence_length`, past
+which the sparse path drops entries too). Batch and width are rounded up
+to powers of two, so XLA compiles a handful of programs, not one per shape.
+
+Dense ids (already `[batch, n]`, -1 padded) are padded further as they
+are. Ragged and sparse ids are laid out in a matrix first; what cannot be
+padded runs the sparse lookup (`sparse.py`) instead, chosen per batch at
+run time:
+- a batch whose padded matrix would hold more than `PADDING_LIMIT` cells per
+  entry (or per example, if more): one very long row among short ones;
+- a `tf.SparseTensor` whose entries are not in strictly increasing
+  (example, position) order: unsorted or repeated positions, which the
+  sparse path combines but one padded slot per position cannot hold.
+Both give the same answer (to float rounding of the sums' order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from keras_tpu_embed import quantization
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.ids import PADDING_ID
+from keras_tpu_embed.ids import IdBatch
+from keras_tpu_embed.ids import check_ids_dtype
+from keras_tpu_embed.ids import fit_width
+from keras_tpu_embed.ids import identity_default
+from keras_tpu_embed.ids import ids_below
+from keras_tpu_embed.ids import map_to_default
+from keras_tpu_embed.ids import prepare_for_lookup
+from keras_tpu_embed.ids import prunes_weights
+from keras_tpu_embed.ids import to_id_batch
+from keras_tpu_embed.lookup import dense_xla
+from keras_tpu_embed.lookup import sparse
+from keras_tpu_embed.tables import clip_rows
+from keras_tpu_embed.types import Tensor
+
+PADDING_LIMIT = 4
+"""Padded cells allowed per entry before a batch takes the sparse path.
+
+Rounding batch and width up to powers of two alone can give 4 cells per
+entry for a batch of equal rows; beyond that, padding costs more than the
+sparse ops save.
+"""
+
+
+def bucket(size: Tensor) -> Tensor:
+    """The smallest power of two `>= size` (1 for 0), int64."""
+    size = tf.maximum(tf.cast(size, tf.int64), 1)
+    log2 = tf.math.log(tf.cast(size, tf.float64)) / tf.math.log(
+        tf.constant(2.0, tf.float64)
+    )
+    # Rounded, not ceiled: float error cannot move a power of two up.
+    power = tf.bitwise.left_shift(
+        tf.ones_like(size), tf.cast(tf.math.round(log2), tf.int64)
+    )
+    return tf.where(power < size, power * 2, power)
+
+
+class PaddedHostLookup:
+    """One table's `cpu` serving lookup for one call (see module doc)."""
+
+    def __init__(
+        self, table: Any, features: dict[str, Tensor], return_lengths: bool
+    ) -> None:
+        self.table = table
+        self.lengths: dict[str, Tensor] = {}
+        self._features = features
+        self._batches: dict[str, IdBatch] = {}
+        for column in table.columns:
+            weight_key = column.weight_feature_key
+            # Also the checks of ids and weights (dtypes, ranks, shapes,
+            # finite weights), whichever path then runs.
+            batch = to_id_batch(
+                column.feature_key,
+                features[column.feature_key],
+                features[weight_key] if weight_key else None,
+                weight_key,
+            )
+            if column.is_sequence and return_lengths:
+                self.lengths[column.name] = sparse.sequence_lengths(
+                    batch, column.max_sequence_length
+                )
+            self._batches[column.name] = batch
+
+    def outputs(
+        self,
+        variable: Any,
+        trapped_rows: Tensor | None = None,
+        compiled: bool = True,
+    ) -> dict[str, Tensor]:
+        """Activations per column (serving only: no rows are trapped)."""
+        if trapped_rows is not None:
+            raise ValueError("PaddedHostLookup serves; it does not train.")
+        return {
+            column.name: self._column(variable, column, compiled)
+            for column in self.table.columns
+        }
+
+    def _column(self, variable: Any, column: Any, compiled: bool) -> Tensor:
+        if _is_dense(self._features[column.feature_key]):
+            return self._dense_column(variable, column, compiled)
+        table = self.table
+        batch = self._batches[column.name]
+        ids = map_to_default(
+            batch.ids, table.vocabulary_size, identity_default(column)
+        )
+        ids = ids_below(
+            ids,
+            table.vocabulary_size,
+            f"Feature '{column.feature_key}' (table '{table.name}') has ids "
+            f"outside the valid range [0, {table.vocabulary_size}); set a "
+            "default_value on an identity column to map them.",
+        )
+        batch = dataclasses.replace(batch, ids=ids)
+        length = column.max_sequence_length if column.is_sequence else 0
+        rows, slots, width, fits = _layout(batch, length)
+
+        def padded() -> Tensor:
+            size = bucket(batch.batch_size)
+            index = tf.stack([rows, slots], axis=1)
+            cells = tf.stack([size, width + (1 if length else 0)])
+            dense_ids = tf.tensor_scatter_nd_update(
+                tf.fill(cells, tf.constant(PADDING_ID, tf.int64)), index, ids
+            )
+            inputs = [dense_ids]
+            if batch.weights is not None:
+                inputs.append(
+                    tf.tensor_scatter_nd_update(
+                        tf.zeros(cells, tf.float32), index, batch.weights
+                    )
+                )
+            if length:
+                # Positions past the sequence length were parked in the
+                # last column; the sparse path drops them too.
+                inputs = [x[:, :length] for x in inputs]
+            device = _device_part(table, column, variable)
+            if compiled:
+                device = tf.function(device, jit_compile=True, autograph=False)
+            return device(*inputs)[: batch.batch_size]
+
+        def unpadded() -> Tensor:
+            return _sparse_column(variable, table, column, batch)
+
+        return tf.cond(fits, padded, unpadded)
+
+    def _dense_column(
+        self, variable: Any, column: Any, compiled: bool
+    ) -> Tensor:
+        """Ids already dense, padded with -1: padded further to powers of
+        two, never compacted (they are the batch as it was sent)."""
+        table = self.table
+        ids = _as_matrix(
+            check_ids_dtype(
+                column.feature_key, self._features[column.feature_key]
+            )
+        )
+        ids = map_to_default(
+            ids,
+            table.vocabulary_size,
+            identity_default(column),
+            keep_padding=True,
+        )
+        ids = ids_below(
+            ids,
+            table.vocabulary_size,
+            f"Feature '{column.feature_key}' (table '{table.name}') has ids "
+            f"outside the valid range [0, {table.vocabulary_size}); set a "
+            "default_value on an identity column to map them.",
+        )
+        inputs: list[tuple[Tensor, Any]] = [(ids, PADDING_ID)]
+        if column.weight_feature_key:
+            weights = self._features[column.weight_feature_key]
+            inputs.append((_as_matrix(tf.cast(weights, tf.float32)), 0.0))
+        length = column.max_sequence_length if column.is_sequence else 0
+        if length:
+            inputs = [(fit_width(x, length, pad), pad) for x, pad in inputs]
+        shape = tf.shape(ids, out_type=tf.int64)
+        size = bucket(shape[0])
+        width = length or bucket(tf.shape(inputs[0][0], out_type=tf.int64)[1])
+        padded = [
+            tf.pad(
+                x,
+                [[0, size - shape[0]], [0, width - tf.shape(x, tf.int64)[1]]],
+                constant_values=pad,
+            )
+            for x, pad in inputs
+        ]
+        device = _device_part(table, column, variable)
+        if compiled:
+            device = tf.function(device, jit_compile=True, autograph=False)
+        return device(*padded)[: shape[0]]
+
+
+def _is_dense(value: Any) -> bool:
+    return not isinstance(value, (tf.SparseTensor, tf.RaggedTensor))
+
+
+def _as_matrix(value: Tensor) -> Tensor:
+    return value[:, tf.newaxis] if value.shape.rank == 1 else value
+
+
+def _layout(
+    batch: IdBatch, length: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each entry's padded cell, the padded width, and whether it fits.
+
+    A pooled column puts an example's entries side by side (their order
+    does not change a sum); a sequence column keeps each at its position,
+    positions from `length` on parked in one extra column.
+    """
+    n = tf.size(batch.ids, out_type=tf.int64)
+    rows = batch.rows
+    if length:
+        slots = tf.minimum(batch.positions, length)
+        width = tf.constant(length, tf.int64)
+    else:
+        counts = tf.math.unsorted_segment_sum(
+            tf.ones_like(rows), rows, batch.batch_size
+        )
+        starts = tf.cumsum(counts, exclusive=True)
+        slots = tf.range(n) - tf.gather(starts, rows)
+        width = bucket(tf.reduce_max(tf.concat([counts, [0]], 0)))
+    fits = worth_padding(bucket(batch.batch_size) * width, n, batch, length)
+    if not batch.row_major:
+        # Strictly increasing (example, position) keys: sorted, no repeats.
+        span = tf.reduce_max(tf.concat([batch.positions, [0]], 0)) + 1
+        keys = rows * span + batch.positions
+        fits = tf.logical_and(fits, tf.reduce_all(keys[1:] > keys[:-1]))
+    return rows, slots, width, fits
+
+
+def worth_padding(
+    cells: Tensor, entries: Tensor, batch: IdBatch, length: int
+) -> Tensor:
+    """Whether `cells` padded cells are worth it for `entries` entries.
+
+    A sequence column's output has `length` slots per example anyway, so
+    padding its ids to them costs nothing more.
+    """
+    if length:
+        return tf.constant(True)
+    return cells <= PADDING_LIMIT * tf.maximum(entries, batch.batch_size)
+
+
+def _device_part(table: Any, column: Any, variable: Any) -> Any:
+    """Gather + combine of dense `[batch, width]` ids (and weights)."""
+    combiner = column.combiner
+    safe = prunes_weights(column)
+
+    def device(ids: Tensor, weights: Tensor | None = None) -> Tensor:
+        kept, factor = dense_xla.entry_factors(ids, weights, combiner, safe)
+        rows = clip_rows(
+            dense_xla.gather_rows(variable, ids, kept), table.max_norm
+        )
+        if column.is_sequence:
+            return dense_xla.per_position(rows, factor, combiner)
+        return dense_xla.pooled(rows, factor, combiner)
+
+    return device
+
+
+def _sparse_column(
+    variable: Any, table: Any, column: Any, batch: IdBatch
+) -> Tensor:
+    """The sparse serving lookup of one column (`SparseTableLookup`'s)."""
+    batch = prepare_for_lookup(
+        batch,
+        feature=column.feature_key,
+        table=table.name,
+        vocabulary_size=table.vocabulary_size,
+        identity_default=None,
+        prune_weights=prunes_weights(column),
+        max_sequence_length=column.max_sequence_length,
+    )
+    source = clip_rows(quantization.gather(variable, batch.ids), table.max_norm)
+    index = tf.range(tf.size(batch.ids))
+    if column.is_sequence:
+        return sparse.sequence(
+            source, index, batch, column.combiner, column.max_sequence_length
+        )
+    return sparse.pooled(source, index, batch, column.combiner)
