@@ -188,7 +188,10 @@ def emit(result: dict[str, Any]) -> None:
     print(json.dumps(result), flush=True)
 
 
-def process_main(families: Callable[[Any], dict[str, list[Candidate]]]) -> None:
+def process_main(
+    families: Callable[[Any], dict[str, list[Candidate]]],
+    notes: Callable[[Any, str], dict[str, str]] | None = None,
+) -> None:
     """Command line of one measuring process: one workload, one family.
 
     Measures the anchor and the bound (`anchors.py`) first, except in W3,
@@ -237,5 +240,7 @@ def process_main(families: Callable[[Any], dict[str, list[Candidate]]]) -> None:
             "spec": dataclasses.asdict(spec),
             "gathered_rows": batches[0].gathered_rows(),
             "candidates": records,
+            # Candidates not measured, each with the reason.
+            "not_measured": notes(spec, args.family) if notes else {},
         }
     )

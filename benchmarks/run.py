@@ -28,47 +28,55 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from benchmarks import latency_report  # noqa: E402
 from benchmarks import report  # noqa: E402
 
 FAMILIES = {
     "W1": ["tf", "keras", "keras_rs", "legacy", "kte"],
     "W2": ["tf", "keras", "keras_rs", "legacy", "kte"],
     "W3": ["kte", "kte_tensor_core"],
+    "latency": ["latency"],
+    "quantization": ["quantization"],
 }
+SCRIPTS = {"latency": "latency.py", "quantization": "quantization.py"}
+"""Parts that are a script of their own, not a family of candidates."""
 STEPS = {"W1": 20, "W2": 6, "W3": 6}
 """Steps per candidate per round, unless --steps says otherwise."""
 
 
 def plan(workload: str, quick: bool) -> list[str]:
     """The processes of a workload: a family each, or with `--quick` one
-    per script and only the cpu path in W3 (the numbers of a quick run are
-    only a smoke test, and each process start costs seconds of imports)."""
-    if not quick:
+    script in W1 and W2 (the numbers of a quick run are only a smoke test,
+    and each process start costs seconds of imports)."""
+    if not quick or workload not in ("W1", "W2"):
         return FAMILIES[workload]
-    return ["kte"] if workload == "W3" else ["all", "legacy"]
+    return ["all", "legacy"]
 
 
 def run_family(
     workload: str, family: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     script = "legacy_candidates.py" if family == "legacy" else "candidates.py"
+    script = SCRIPTS.get(workload, script)
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
     if family == "legacy":
         env["TF_USE_LEGACY_KERAS"] = "1"
     else:
         env.pop("TF_USE_LEGACY_KERAS", None)
-    command = [
-        sys.executable,
-        os.path.join(HERE, script),
-        "--workload",
-        workload,
-        "--family",
-        family,
-        "--rounds",
-        str(args.rounds),
-        "--steps",
-        str(args.steps or STEPS[workload]),
-    ]
+    command = [sys.executable, os.path.join(HERE, script)]
+    if workload == "latency":
+        command += ["--rounds", str(args.rounds)]
+    elif workload in FAMILIES and workload not in SCRIPTS:
+        command += [
+            "--workload",
+            workload,
+            "--family",
+            family,
+            "--rounds",
+            str(args.rounds),
+            "--steps",
+            str(args.steps or STEPS[workload]),
+        ]
     if args.quick:
         command.append("--quick")
     print(f"{workload} {family} ...", file=sys.stderr, flush=True)
@@ -103,7 +111,7 @@ def machine() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="W1,W2,W3")
+    parser.add_argument("--workloads", default=",".join(FAMILIES))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -131,10 +139,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
         done = list(pool.map(lambda job: run_family(*job, args), jobs))
     for (workload, family), result in zip(jobs, done):
+        if workload in SCRIPTS:
+            results[workload] = result
+            continue
         results.setdefault(workload, {"processes": {}})
         results[workload]["processes"][family] = result
     for workload in args.workloads.split(","):
-        if workload in results:
+        if workload in results and workload not in SCRIPTS:
             results[workload]["rows"] = report.rows(results[workload])
     results["targets"] = report.targets(results)
     text = report.table(results)
@@ -144,6 +155,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with open(os.path.join(args.out, "results.json"), "w") as handle:
         json.dump(results, handle, indent=1)
     report.plot(results, os.path.join(args.out, "results.png"))
+    if "latency" in results and "error" not in results["latency"]:
+        latency_report.plot(
+            results["latency"], os.path.join(args.out, "latency.png")
+        )
     return results
 
 
