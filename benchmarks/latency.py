@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
@@ -126,15 +127,22 @@ def main(argv: list[str] | None = None) -> None:
         print(f"latency: export {name}", file=sys.stderr, flush=True)
         path = tempfile.mkdtemp(prefix=f"{name}_")
         started = time.perf_counter()
-        export(spec, values, path)
-        model = exports.Loaded(path)
-        check = inputs[sizes[-1]][0]
-        errors = exports.max_abs_error(
-            model(check), exports.reference(values, check)
-        )
-        for size in sizes:
-            for one in inputs[size][:3]:
-                model(one)
+        try:
+            export(spec, values, path)
+            model = exports.Loaded(path)
+            check = inputs[sizes[-1]][0]
+            errors = exports.max_abs_error(
+                model(check), exports.reference(values, check)
+            )
+            for size in sizes:
+                for one in inputs[size][:3]:
+                    model(one)
+        except Exception as error:  # noqa: BLE001
+            # Reported as failed, with its error, beside the others.
+            records[name] = {"error": measure.describe(error)}
+            print(f"latency: {name} failed: {error!r}", file=sys.stderr)
+            shutil.rmtree(path, ignore_errors=True)
+            continue
         loaded[name] = model
         records[name] = {
             "saved_model_bytes": model.bytes,
@@ -166,7 +174,8 @@ def main(argv: list[str] | None = None) -> None:
                     cell.per_round_examples_per_s.append(
                         len(samples) * size / wall
                     )
-    for name, record in records.items():
+    for name in names:
+        record = records[name]
         record["cells"] = []
         for size in sizes:
             for threads in THREADS:
@@ -188,7 +197,6 @@ def main(argv: list[str] | None = None) -> None:
             "batches": list(sizes),
             "threads": list(THREADS),
             "rounds": args.rounds,
-            "float32_bytes": records["kte_cpu"]["saved_model_bytes"],
             "quantized_skipped": skipped,
             "exports": records,
         }
@@ -201,11 +209,13 @@ def _paired(
     """Median over rounds of examples/s over the fastest float32 peer's.
 
     The fastest peer is chosen per round, among the float32 peers measured
-    in that same round.
+    in that same round (None when no peer could be measured).
     """
     peers = [n for (n, s, t) in cells if s == size and t == threads]
     peers = [n for n in dict.fromkeys(peers) if is_peer(n)]
     own = cells[(name, size, threads)].per_round_examples_per_s
+    if not peers:
+        return {"ratio": None, "per_round": []}
     ratios = []
     for index, speed in enumerate(own):
         best = max(

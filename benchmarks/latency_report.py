@@ -13,6 +13,10 @@ INT8_SIZE_TARGET = 0.3
 """int8 SavedModel bytes over the float32 one's, at most."""
 
 
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def _cell(record: dict[str, Any], batch: int, threads: int) -> Any:
     return next(
         c
@@ -25,8 +29,16 @@ def targets(latency: dict[str, Any]) -> dict[str, Any]:
     """int8 size against float32; the paired ratios at the largest batch."""
     exported = latency["exports"]
     out: dict[str, Any] = {}
-    float32 = exported["kte_cpu"]["saved_model_bytes"]
-    if "kte_cpu_int8" in exported:
+    failed = {n: r["error"] for n, r in exported.items() if "error" in r}
+    exported = {n: r for n, r in exported.items() if n not in failed}
+    if "kte_cpu_int8" in failed or "kte_cpu" in failed:
+        out["int8_size"] = {
+            "met": None,
+            "reason": "failed: "
+            + failed.get("kte_cpu_int8", failed.get("kte_cpu", "")),
+        }
+    elif "kte_cpu_int8" in exported:
+        float32 = exported["kte_cpu"]["saved_model_bytes"]
         ratio = exported["kte_cpu_int8"]["saved_model_bytes"] / float32
         out["int8_size"] = {
             "ratio": ratio,
@@ -47,6 +59,7 @@ def targets(latency: dict[str, Any]) -> dict[str, Any]:
         for name, record in exported.items()
         if name.startswith("kte")
     }
+    out["failed"] = failed
     return out
 
 
@@ -59,12 +72,15 @@ def table(latency: dict[str, Any], quantization: dict[str, Any] | None) -> str:
         f"{'examples/s':>11} {'x peer':>6} {'diff':>7} {'MiB':>7}"
     )
     for name, record in latency["exports"].items():
+        if "error" in record:
+            lines.append(f"{name:26} failed: {record['error']}")
+            continue
         for cell in record["cells"]:
             lines.append(
                 f"{name:26} {cell['batch']:5d} {cell['threads']:3d} "
                 f"{cell['p50_ms']:8.2f} {cell['p99_ms']:8.2f} "
                 f"{cell['examples_per_s']:11,.0f} "
-                f"{cell['vs_fastest_peer']['ratio']:6.2f} "
+                f"{_fmt(cell['vs_fastest_peer']['ratio'], '6.2f')} "
                 f"{record['max_abs_diff']:7.0e} "
                 f"{record['saved_model_bytes'] / 2**20:7.1f}"
             )
@@ -75,9 +91,9 @@ def table(latency: dict[str, Any], quantization: dict[str, Any] | None) -> str:
         "peer's in the same round; diff: max abs vs the float32 reference"
     )
     lines.append("\nQuantization (W1 tables; max abs error per table)")
-    float32 = latency["exports"]["kte_cpu"]["saved_model_bytes"]
+    float32 = latency["exports"]["kte_cpu"].get("saved_model_bytes")
     for name, record in latency["exports"].items():
-        if not name.startswith("kte_cpu"):
+        if not name.startswith("kte_cpu") or "error" in record:
             continue
         errors = ", ".join(
             f"{table} {error:.1e}"
@@ -86,7 +102,11 @@ def table(latency: dict[str, Any], quantization: dict[str, Any] | None) -> str:
         lines.append(
             f"{name:26} {errors}; SavedModel "
             f"{record['saved_model_bytes'] / 2**20:,.1f} MiB "
-            f"({record['saved_model_bytes'] / float32:.2f}x float32)"
+            + (
+                f"({record['saved_model_bytes'] / float32:.2f}x float32)"
+                if float32
+                else ""
+            )
         )
     if quantization is None:
         return "\n".join(lines)
@@ -99,6 +119,9 @@ def table(latency: dict[str, Any], quantization: dict[str, Any] | None) -> str:
         "held out), through each loaded export:"
     )
     for dtype, record in quantization["demo"].items():
+        if "error" in record or "auc_diff" not in record:
+            lines.append(f"  {dtype:9} {record.get('error', 'no float32')}")
+            continue
         lines.append(
             f"  {dtype:9} AUC {record['auc']:.4f} "
             f"(diff {record['auc_diff']:+.4f}), max |score diff| "
@@ -123,7 +146,7 @@ def target_lines(goals: dict[str, Any]) -> list[str]:
         )
     for name, ratios in goals.get("largest_batch", {}).items():
         paired = ", ".join(
-            f"{threads} thread(s) {ratio:.2f}x"
+            f"{threads} thread(s) {_fmt(ratio, '.2f')}x"
             for threads, ratio in ratios.items()
         )
         lines.append(

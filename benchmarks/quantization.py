@@ -91,8 +91,15 @@ def main(argv: list[str] | None = None) -> None:
     for dtype in ("float32",) + quantized:
         path = os.path.join(directory, dtype)
         extra = {} if dtype == "float32" else {"table_dtype": dtype}
-        kte.export_saved_model(model, path, preprocessor=preprocessor, **extra)
-        scores = served_scores(path, held_out)
+        try:
+            kte.export_saved_model(
+                model, path, preprocessor=preprocessor, **extra
+            )
+            scores = served_scores(path, held_out)
+        except Exception as error:  # noqa: BLE001
+            # Reported as failed, with its error, beside the others.
+            results[dtype] = {"error": measure.describe(error)}
+            continue
         if reference is None:
             reference = scores
         results[dtype] = {
@@ -101,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
             "max_abs_score_diff": float(np.max(np.abs(scores - reference))),
         }
     for record in results.values():
+        if "error" in record or "error" in results["float32"]:
+            continue
         record["auc_diff"] = record["auc"] - results["float32"]["auc"]
         record["size_ratio"] = (
             record["saved_model_bytes"]

@@ -59,6 +59,11 @@ def rows(workload: dict[str, Any]) -> list[dict[str, Any]]:
         for name, record in records.items():
             if record["role"] != "candidate" and family != _home(processes):
                 continue
+            if "error" in record:
+                out.append(
+                    {"name": name, "family": family, "error": record["error"]}
+                )
+                continue
             median = record["median_step_s"]
             out.append(
                 {
@@ -167,6 +172,9 @@ def _versus(ours: dict[str, Any], peer: dict[str, Any], goal: float) -> Any:
 
 def _not_measured(workload: dict[str, Any], name: str) -> str:
     for process in workload["processes"].values():
+        record = process.get("candidates", {}).get(name, {})
+        if "error" in record:
+            return f"failed: {record['error']}"
         if name in process.get("not_measured", {}):
             return str(process["not_measured"][name])
     return "not measured (no process reported it)"

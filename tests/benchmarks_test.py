@@ -92,6 +92,13 @@ def test_every_candidate_is_measured(quick_run):
         assert not failed, failed
         names = {n for p in processes.values() for n in p["candidates"]}
         assert expected <= names, expected - names
+        errors = {
+            n: r["error"]
+            for p in processes.values()
+            for n, r in p["candidates"].items()
+            if "error" in r
+        }
+        assert not errors, errors
 
 
 @pytest.mark.slow
@@ -178,6 +185,10 @@ def test_latency_section(quick_run):
             "kte_tensor_core_int8"
         }
     assert set(latency["exports"]) == expected
+    failed = {
+        n: r["error"] for n, r in latency["exports"].items() if "error" in r
+    }
+    assert not failed, failed
     assert len(latency["batches"]) == 3 and latency["threads"] == [1, 8]
     for name, record in latency["exports"].items():
         cells = {(c["batch"], c["threads"]) for c in record["cells"]}
@@ -210,6 +221,8 @@ def test_quantization_table(quick_run):
         set(QUANTIZED) if _quantized_measured(results) else set()
     )
     assert set(demo) == dtypes
+    failed = {d: r["error"] for d, r in demo.items() if "error" in r}
+    assert not failed, failed
     for dtype, record in demo.items():
         assert 0 < record["auc"] <= 1, dtype
         assert math.isfinite(record["auc_diff"]), dtype
