@@ -1,16 +1,21 @@
-"""The benchmark suite of issue 6: one command, every candidate, one table.
+"""The benchmark suite: one command, every candidate, one table.
 
-    python benchmarks/run.py [--workloads W1,W2,W3] [--rounds 5] [--steps 10]
+    python benchmarks/run.py [--workloads W1,W2,W3,latency,quantization]
+                             [--rounds 5] [--steps N]
                              [--out benchmarks/results] [--quick]
 
 Each family of candidates runs in a process of its own (peak RSS is then
 per candidate, and one family's allocator state cannot slow another), and
 every process measures the anchor, `tf.nn.safe_embedding_lookup_sparse`,
 and the gather bound itself, so every ratio is taken within one process.
-The `legacy` family runs with `TF_USE_LEGACY_KERAS=1`. Prints the table and
-the targets; writes `results.json` and `results.png` under `--out`.
-`--quick` shrinks batches and tables so that the whole suite runs in
-seconds (for the test); its numbers mean nothing.
+The `legacy` family runs with `TF_USE_LEGACY_KERAS=1`. `latency` (loaded
+SavedModels from 1 and 8 threads, `latency.py`) and `quantization` (the
+demo's AUC through each table dtype, `quantization.py`) are a process each.
+Prints the table and the targets; writes `results.json`, `results.png` and
+`latency.png` under `--out`; progress goes to stderr. A full run takes
+about 20-25 minutes on 2 cores. `--quick` shrinks batches and tables so
+that the whole suite runs in a minute or two (for the test); its numbers
+mean nothing.
 """
 
 from __future__ import annotations
@@ -85,9 +90,15 @@ def run_family(
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        print(f"{workload} {family} failed: {tail[0]}", file=sys.stderr)
         return {"error": f"exit {done.returncode}: {tail[0]}"}
     result: dict[str, Any] = json.loads(lines[-1])
     result["wall_s"] = time.perf_counter() - started
+    print(
+        f"{workload} {family} done in {result['wall_s']:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return result
 
 
