@@ -15,8 +15,11 @@ outputs can be compared with one float32 reference computed in numpy.
   `TPUEmbeddingForServing` in a `tf.Module`, its ids made ragged in the
   signature (its faster input form in W1).
 
-Each is loaded back with plain `tf.saved_model.load`; the caller keeps the
-loaded object alive and calls its signature.
+Each is written by a process of its own (`export_apart`), loaded back
+with plain `tf.saved_model.load`, and the caller keeps the loaded object
+alive and calls its signature.
+
+    python benchmarks/exports.py NAME PATH
 """
 
 from __future__ import annotations
@@ -24,12 +27,18 @@ from __future__ import annotations
 import inspect
 import os
 import shutil
+import subprocess
+import sys
 from typing import Any
 
-import numpy as np
-import tensorflow as tf
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import workloads
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from benchmarks import workloads  # noqa: E402
 
 SEQ = workloads.SEQUENCE_FEATURES
 MAX_LEN = workloads.MAX_SEQUENCE_LENGTH
@@ -236,6 +245,47 @@ def exporters(quantized: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def export_apart(name: str, quick: bool, path: str) -> None:
+    """Writes export `name` of W1 from a process of its own.
+
+    Building the model, filling and quantizing its tables and saving them
+    takes several copies of the tables; in a child process that memory is
+    returned when it ends, and the caller holds only what it loads. A quick
+    run's tables are tiny, and a process start costs seconds of imports:
+    it exports in this process.
+
+    Raises:
+        RuntimeError: the export failed; its last line of stderr.
+    """
+    if quick:
+        spec = workloads.workload("W1", quick=True)
+        from benchmarks import measure
+
+        exporters(quantized_dtypes()[0])[name](
+            spec, measure.table_values(spec), path
+        )
+        return
+    command = [sys.executable, os.path.abspath(__file__), name, path]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"export {name} failed: {tail[0]}")
+
+
+def main() -> None:
+    import argparse
+
+    from benchmarks import measure
+
+    parser = argparse.ArgumentParser(description=export_apart.__doc__)
+    parser.add_argument("name")
+    parser.add_argument("path")
+    args = parser.parse_args()
+    spec = workloads.workload("W1")
+    quantized, _ = quantized_dtypes()
+    exporters(quantized)[args.name](spec, measure.table_values(spec), args.path)
+
+
 class Loaded:
     """A SavedModel loaded with `tf.saved_model.load`, its files removed.
 
@@ -252,3 +302,7 @@ class Loaded:
 
     def __call__(self, inputs: dict[str, tf.Tensor]) -> dict[str, Any]:
         return self.serve(**inputs)
+
+
+if __name__ == "__main__":
+    main()
