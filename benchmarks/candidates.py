@@ -29,6 +29,7 @@ import tensorflow as tf  # noqa: E402
 import keras_tpu_embed as kte  # noqa: E402
 from benchmarks import anchors  # noqa: E402
 from benchmarks import measure  # noqa: E402
+from benchmarks import serving_candidates  # noqa: E402
 from benchmarks import tensors  # noqa: E402
 from benchmarks import workloads  # noqa: E402
 from benchmarks.measure import Built  # noqa: E402
@@ -410,7 +411,8 @@ def families(spec: workloads.Workload) -> dict[str, list[Candidate]]:
                 "this package, tensor-core path (padded dense) under XLA",
                 kte_candidate("tpu_tensor_core", "dense"),
             )
-        ],
+        ]
+        + (serving_candidates.candidates()[0] if not spec.training else []),
         "keras": [
             Candidate(
                 "keras_embedding",
@@ -478,5 +480,12 @@ def scale_candidates(
     return out
 
 
+def notes(spec: workloads.Workload, family: str) -> dict[str, str]:
+    """Why a candidate of `family` is not measured, by name."""
+    if spec.name != "W1" or family not in ("kte", "all"):
+        return {}
+    return serving_candidates.candidates()[1]
+
+
 if __name__ == "__main__":
-    measure.process_main(families)
+    measure.process_main(families, notes)

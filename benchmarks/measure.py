@@ -112,9 +112,20 @@ def measure(
         before = resident_bytes()
         reset_peak()
         start = time.perf_counter()
-        ready = candidate.build(spec, batches, context)
-        for index in range(warmup):
-            ready.step(index)
+        try:
+            ready = candidate.build(spec, batches, context)
+            for index in range(warmup):
+                ready.step(index)
+        except Exception as error:  # noqa: BLE001
+            # One candidate that cannot run is reported as failed, with
+            # its error, beside the others' numbers.
+            records[candidate.name] = {
+                "description": candidate.description,
+                "role": candidate.role,
+                "error": describe(error),
+            }
+            print(f"failed {candidate.name}: {error!r}", file=sys.stderr)
+            continue
         peak = peak_bytes()
         if candidate.role == "anchor":
             context["anchor"] = ready
@@ -142,11 +153,18 @@ def measure(
                 built[name].step(counter)
                 times.append(time.perf_counter() - begin)
                 counter += 1
-    for record in records.values():
+    for name in names:
+        record = records[name]
         record["median_step_s"] = statistics.median(record["step_times_s"])
     if check and not spec.training:
         _check_outputs(built, records, spec)
     return records
+
+
+def describe(error: BaseException) -> str:
+    """An exception's type and the start of its message, for a report."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200] if text else ''}"
 
 
 def table_values(spec: workloads.Workload) -> dict[str, np.ndarray]:
@@ -188,7 +206,10 @@ def emit(result: dict[str, Any]) -> None:
     print(json.dumps(result), flush=True)
 
 
-def process_main(families: Callable[[Any], dict[str, list[Candidate]]]) -> None:
+def process_main(
+    families: Callable[[Any], dict[str, list[Candidate]]],
+    notes: Callable[[Any, str], dict[str, str]] | None = None,
+) -> None:
     """Command line of one measuring process: one workload, one family.
 
     Measures the anchor and the bound (`anchors.py`) first, except in W3,
@@ -237,5 +258,7 @@ def process_main(families: Callable[[Any], dict[str, list[Candidate]]]) -> None:
             "spec": dataclasses.asdict(spec),
             "gathered_rows": batches[0].gathered_rows(),
             "candidates": records,
+            # Candidates not measured, each with the reason.
+            "not_measured": notes(spec, args.family) if notes else {},
         }
     )

@@ -1,16 +1,21 @@
-"""The benchmark suite of issue 6: one command, every candidate, one table.
+"""The benchmark suite: one command, every candidate, one table.
 
-    python benchmarks/run.py [--workloads W1,W2,W3] [--rounds 5] [--steps 10]
+    python benchmarks/run.py [--workloads W1,W2,W3,latency,quantization]
+                             [--rounds 5] [--steps N]
                              [--out benchmarks/results] [--quick]
 
 Each family of candidates runs in a process of its own (peak RSS is then
 per candidate, and one family's allocator state cannot slow another), and
 every process measures the anchor, `tf.nn.safe_embedding_lookup_sparse`,
 and the gather bound itself, so every ratio is taken within one process.
-The `legacy` family runs with `TF_USE_LEGACY_KERAS=1`. Prints the table and
-the targets; writes `results.json` and `results.png` under `--out`.
-`--quick` shrinks batches and tables so that the whole suite runs in
-seconds (for the test); its numbers mean nothing.
+The `legacy` family runs with `TF_USE_LEGACY_KERAS=1`. `latency` (loaded
+SavedModels from 1 and 8 threads, `latency.py`) and `quantization` (the
+demo's AUC through each table dtype, `quantization.py`) are a process each.
+Prints the table and the targets; writes `results.json`, `results.png` and
+`latency.png` under `--out`; progress goes to stderr. A full run takes
+about 20-25 minutes on 2 cores. `--quick` shrinks batches and tables so
+that the whole suite runs in a minute or two (for the test); its numbers
+mean nothing.
 """
 
 from __future__ import annotations
@@ -28,47 +33,55 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from benchmarks import latency_report  # noqa: E402
 from benchmarks import report  # noqa: E402
 
 FAMILIES = {
     "W1": ["tf", "keras", "keras_rs", "legacy", "kte"],
     "W2": ["tf", "keras", "keras_rs", "legacy", "kte"],
     "W3": ["kte", "kte_tensor_core"],
+    "latency": ["latency"],
+    "quantization": ["quantization"],
 }
+SCRIPTS = {"latency": "latency.py", "quantization": "quantization.py"}
+"""Parts that are a script of their own, not a family of candidates."""
 STEPS = {"W1": 20, "W2": 6, "W3": 6}
 """Steps per candidate per round, unless --steps says otherwise."""
 
 
 def plan(workload: str, quick: bool) -> list[str]:
     """The processes of a workload: a family each, or with `--quick` one
-    per script and only the cpu path in W3 (the numbers of a quick run are
-    only a smoke test, and each process start costs seconds of imports)."""
-    if not quick:
+    script in W1 and W2 (the numbers of a quick run are only a smoke test,
+    and each process start costs seconds of imports)."""
+    if not quick or workload not in ("W1", "W2"):
         return FAMILIES[workload]
-    return ["kte"] if workload == "W3" else ["all", "legacy"]
+    return ["all", "legacy"]
 
 
 def run_family(
     workload: str, family: str, args: argparse.Namespace
 ) -> dict[str, Any]:
     script = "legacy_candidates.py" if family == "legacy" else "candidates.py"
+    script = SCRIPTS.get(workload, script)
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
     if family == "legacy":
         env["TF_USE_LEGACY_KERAS"] = "1"
     else:
         env.pop("TF_USE_LEGACY_KERAS", None)
-    command = [
-        sys.executable,
-        os.path.join(HERE, script),
-        "--workload",
-        workload,
-        "--family",
-        family,
-        "--rounds",
-        str(args.rounds),
-        "--steps",
-        str(args.steps or STEPS[workload]),
-    ]
+    command = [sys.executable, os.path.join(HERE, script)]
+    if workload == "latency":
+        command += ["--rounds", str(args.rounds)]
+    elif workload in FAMILIES and workload not in SCRIPTS:
+        command += [
+            "--workload",
+            workload,
+            "--family",
+            family,
+            "--rounds",
+            str(args.rounds),
+            "--steps",
+            str(args.steps or STEPS[workload]),
+        ]
     if args.quick:
         command.append("--quick")
     print(f"{workload} {family} ...", file=sys.stderr, flush=True)
@@ -77,9 +90,15 @@ def run_family(
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        print(f"{workload} {family} failed: {tail[0]}", file=sys.stderr)
         return {"error": f"exit {done.returncode}: {tail[0]}"}
     result: dict[str, Any] = json.loads(lines[-1])
     result["wall_s"] = time.perf_counter() - started
+    print(
+        f"{workload} {family} done in {result['wall_s']:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return result
 
 
@@ -103,7 +122,7 @@ def machine() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="W1,W2,W3")
+    parser.add_argument("--workloads", default=",".join(FAMILIES))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -131,10 +150,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
         done = list(pool.map(lambda job: run_family(*job, args), jobs))
     for (workload, family), result in zip(jobs, done):
+        if workload in SCRIPTS:
+            results[workload] = result
+            continue
         results.setdefault(workload, {"processes": {}})
         results[workload]["processes"][family] = result
     for workload in args.workloads.split(","):
-        if workload in results:
+        if workload in results and workload not in SCRIPTS:
             results[workload]["rows"] = report.rows(results[workload])
     results["targets"] = report.targets(results)
     text = report.table(results)
@@ -144,6 +166,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with open(os.path.join(args.out, "results.json"), "w") as handle:
         json.dump(results, handle, indent=1)
     report.plot(results, os.path.join(args.out, "results.png"))
+    if "latency" in results and "error" not in results["latency"]:
+        latency_report.plot(
+            results["latency"], os.path.join(args.out, "latency.png")
+        )
     return results
 
 

@@ -33,9 +33,9 @@ SEQUENCE_MAX = 24
 MAX_SEQUENCE_LENGTH = 20
 SEQUENCE_FEATURES = ("seq_a", "seq_b")
 HIDDEN = 256
-SCALE_ROWS = (10_000, 10_000_000)
-"""W3: the two sizes of the big tables."""
-QUICK_SCALE_ROWS = (1_000, 20_000)
+SCALE_ROWS = (10_000, 1_000_000, 10_000_000)
+"""W3: the sizes of the big tables (in cache; beyond it; 10x beyond)."""
+QUICK_SCALE_ROWS = (1_000, 5_000, 20_000)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Workload:
 
 
 def workload(name: str, quick: bool = False, rows: int | None = None) -> Any:
-    """W1 (serving), W2 (training); W3 is W2 at two `rows`."""
+    """W1 (serving), W2 (training); W3 is W2 at each `rows` of SCALE_ROWS."""
     scale = (
         {"batch_size": 256, "rows": 5_000, "single_rows": 1_000, "batches": 2}
         if quick

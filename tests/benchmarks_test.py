@@ -17,10 +17,22 @@ from tests import testing
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PACKAGE = {"kte_cpu_ragged", "kte_cpu_dense", "kte_tensor_core_xla"}
+SERVING = {"kte_cpu_serving", "kte_export_cpu"}
+QUANTIZED = ("bfloat16", "int8")
+EXPORTS = {
+    "kte_cpu",
+    "kte_tensor_core",
+    "keras_embedding",
+    "keras_embedding_xla",
+    "tpu_embedding_for_serving",
+}
+QUICK_ROWS = (1000, 5000, 20000)
+"""`workloads.QUICK_SCALE_ROWS`; the middle one stands for 10^6."""
 ANCHORS = {"safe_lookup", "gather_bound_tf", "gather_bound_xla", "raw_xla"}
 PEERS = {"keras_embedding", "keras_embedding_xla", "keras_rs", "tfrs"}
 EXPECTED = {
     "W1": PACKAGE
+    | SERVING
     | ANCHORS
     | PEERS
     | {
@@ -30,12 +42,23 @@ EXPECTED = {
     },
     "W2": PACKAGE | ANCHORS | PEERS,
     "W3": {
-        "kte_cpu_dense@1000",
-        "kte_cpu_dense@20000",
-        "gather_bound_cpu_dense@1000",
-        "gather_bound_cpu_dense@20000",
+        f"{kind}_{path}@{rows}"
+        for kind in ("kte", "gather_bound")
+        for path in ("cpu_dense", "tensor_core_xla")
+        for rows in QUICK_ROWS
     },
 }
+
+
+def _finite_positive(value):
+    return (
+        isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+    )
+
+
+def _quantized_measured(results):
+    """Whether the package's export took `table_dtype` in this run."""
+    return not results["latency"]["quantized_skipped"]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +92,13 @@ def test_every_candidate_is_measured(quick_run):
         assert not failed, failed
         names = {n for p in processes.values() for n in p["candidates"]}
         assert expected <= names, expected - names
+        errors = {
+            n: r["error"]
+            for p in processes.values()
+            for n, r in p["candidates"].items()
+            if "error" in r
+        }
+        assert not errors, errors
 
 
 @pytest.mark.slow
@@ -94,7 +124,12 @@ def test_lookups_equal_the_anchor(quick_run):
         for name, record in process["candidates"].items():
             if record["role"] == "bound":
                 continue
-            assert record["max_abs_diff_to_anchor"] <= 1e-5, name
+            diff = record["max_abs_diff_to_anchor"]
+            if name.endswith(QUANTIZED):
+                # Its quantization error, reported beside its speed.
+                assert math.isfinite(diff), name
+                continue
+            assert diff <= 1e-5, name
             checked.add(name)
     assert EXPECTED["W1"] - {"gather_bound_tf", "gather_bound_xla"} <= checked
 
@@ -104,5 +139,114 @@ def test_outputs_are_written(quick_run):
     results, stdout, out = quick_run
     assert (out / "results.png").stat().st_size > 0
     assert "Targets" in stdout and "W1:" in stdout
-    assert {"W1", "W2", "W3", "W2_rss"} <= set(results["targets"])
+    assert {
+        "W1",
+        "W1_cpu_export",
+        "W1_int8",
+        "W2",
+        "W3",
+        "W2_rss",
+        "latency",
+    } <= set(results["targets"])
     assert results["targets"]["W3"]["paths"]["kte_cpu_dense"]["ratio"] > 0
+
+
+@pytest.mark.slow
+def test_quantized_candidates_are_measured_or_said_not_to_be(quick_run):
+    results, stdout, _ = quick_run
+    names = {
+        n for p in results["W1"]["processes"].values() for n in p["candidates"]
+    }
+    quantized = {f"kte_export_cpu_{d}" for d in QUANTIZED}
+    if _quantized_measured(results):
+        assert quantized <= names
+        assert results["targets"]["W1_int8"]["met"] in (True, False)
+        return
+    assert not quantized & names
+    notes = {
+        n: why
+        for p in results["W1"]["processes"].values()
+        for n, why in p.get("not_measured", {}).items()
+    }
+    assert set(notes) == quantized
+    assert all("table_dtype" in why for why in notes.values())
+    assert results["targets"]["W1_int8"]["met"] is None
+    assert "not measured" in stdout
+
+
+@pytest.mark.slow
+def test_latency_section(quick_run):
+    results, stdout, out = quick_run
+    latency = results["latency"]
+    assert "error" not in latency, latency.get("error")
+    expected = set(EXPORTS)
+    if _quantized_measured(results):
+        expected |= {f"kte_cpu_{d}" for d in QUANTIZED} | {
+            "kte_tensor_core_int8"
+        }
+    assert set(latency["exports"]) == expected
+    failed = {
+        n: r["error"] for n, r in latency["exports"].items() if "error" in r
+    }
+    assert not failed, failed
+    assert len(latency["batches"]) == 3 and latency["threads"] == [1, 8]
+    for name, record in latency["exports"].items():
+        cells = {(c["batch"], c["threads"]) for c in record["cells"]}
+        assert cells == {
+            (b, t) for b in latency["batches"] for t in latency["threads"]
+        }, name
+        for cell in record["cells"]:
+            for key in ("p50_ms", "p99_ms", "examples_per_s"):
+                assert _finite_positive(cell[key]), (name, cell)
+            assert cell["p99_ms"] >= cell["p50_ms"], (name, cell)
+            assert _finite_positive(cell["vs_fastest_peer"]["ratio"]), name
+        assert _finite_positive(record["saved_model_bytes"]), name
+        diff = record["max_abs_diff"]
+        assert math.isfinite(diff) and diff >= 0, name
+        if not name.endswith(QUANTIZED):
+            assert diff <= 1e-5, name
+    assert (out / "latency.png").stat().st_size > 0
+    assert "Latency" in stdout and "p99 ms" in stdout
+
+
+@pytest.mark.slow
+def test_quantization_table(quick_run):
+    results, stdout, _ = quick_run
+    for name, record in results["latency"]["exports"].items():
+        errors = record["max_abs_diff_per_table"]
+        assert set(errors) == {"bag", "single", "seq"}, name
+        assert all(math.isfinite(e) and e >= 0 for e in errors.values())
+    demo = results["quantization"]["demo"]
+    dtypes = {"float32"} | (
+        set(QUANTIZED) if _quantized_measured(results) else set()
+    )
+    assert set(demo) == dtypes
+    failed = {d: r["error"] for d, r in demo.items() if "error" in r}
+    assert not failed, failed
+    for dtype, record in demo.items():
+        assert 0 < record["auc"] <= 1, dtype
+        assert math.isfinite(record["auc_diff"]), dtype
+        assert _finite_positive(record["saved_model_bytes"]), dtype
+        assert _finite_positive(record["size_ratio"]), dtype
+    assert demo["float32"]["auc_diff"] == 0
+    size = results["targets"]["latency"]["int8_size"]
+    if _quantized_measured(results):
+        assert _finite_positive(size["ratio"])
+    else:
+        assert size["met"] is None and "table_dtype" in size["reason"]
+    assert "Quantization" in stdout and "demo" in stdout
+
+
+@pytest.mark.slow
+def test_scale_reports_every_size_on_both_paths(quick_run):
+    results, stdout, _ = quick_run
+    paths = results["targets"]["W3"]["paths"]
+    assert set(paths) == {"kte_cpu_dense", "kte_tensor_core_xla"}
+    for path, scale in paths.items():
+        assert scale["rows"] == list(QUICK_ROWS), path
+        assert scale["ratio_rows"] == list(QUICK_ROWS[1:]), path
+        for key in ("ratio", "ratio_to_smallest", "bound_ratio"):
+            assert _finite_positive(scale[key]), (path, key)
+        assert all(_finite_positive(ms) for ms in scale["step_ms"]), path
+        assert all(_finite_positive(ms) for ms in scale["bound_ms"]), path
+    assert f"{QUICK_ROWS[1]:,} -> {QUICK_ROWS[2]:,}" in stdout
