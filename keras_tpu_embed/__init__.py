@@ -53,6 +53,7 @@ from keras_tpu_embed.preprocessing import (
 )
 from keras_tpu_embed.profiling import profile_lookups as profile_lookups
 from keras_tpu_embed.serving import export_saved_model as export_saved_model
+from keras_tpu_embed.serving import quantization_error as quantization_error
 from keras_tpu_embed.shared_layer import (
     SharedTPUEmbedding as SharedTPUEmbedding,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "distribute_dataset",
     "engine_checkpoint",
     "export_saved_model",
+    "quantization_error",
     "load_model",
     "load_saved_model",
     "load_weights",

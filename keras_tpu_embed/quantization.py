@@ -133,6 +133,12 @@ class QuantizedTable(tf.Module):  # type: ignore[misc]
     """A serving table stored as `quantize_rows` gives it; `gather` returns
     float32 rows.
 
+    The codes of a row are stored packed into 8-byte (or 4-byte) words when
+    the row's bytes allow it: a gather then moves 8 words of a 64-dim int8
+    row instead of 64 single bytes. Measured on CPU under XLA, a gather of
+    one-byte elements ran slower than the float32 gather of the same rows;
+    unpacking (`tf.bitcast`) is free, so the answer is the same bits.
+
     Args:
         values: The float32 table `[rows, dim]`.
         table_dtype: "bfloat16" or "int8".
@@ -143,8 +149,10 @@ class QuantizedTable(tf.Module):  # type: ignore[misc]
         super().__init__(name=f"{name}_{table_dtype}")
         codes, scale_offset = quantize_rows(values, table_dtype, name)
         self.table_dtype = table_dtype
+        self._code_dtype = tf.as_dtype(codes.dtype)
+        self._dimension = int(codes.shape[1])
         self.codes = tf.Variable(
-            codes, trainable=False, name=f"{name}_{table_dtype}"
+            packed_words(codes), trainable=False, name=f"{name}_{table_dtype}"
         )
         self.scale_offset = (
             None
@@ -156,14 +164,31 @@ class QuantizedTable(tf.Module):  # type: ignore[misc]
 
     @property
     def shape(self) -> Any:
-        return self.codes.shape
+        """The table's logical shape, `[rows, dim]`."""
+        return tf.TensorShape([self.codes.shape[0], self._dimension])
 
     def gather(self, ids: Tensor) -> Tensor:
         """float32 rows for `ids` (any shape): `[*ids.shape, dim]`."""
-        codes = tf.gather(self.codes, ids)
+        words = tf.gather(self.codes, ids)
+        codes = words
+        if words.dtype != self._code_dtype:
+            codes = tf.reshape(
+                tf.bitcast(words, self._code_dtype),
+                tf.concat([tf.shape(ids), [self._dimension]], axis=0),
+            )
         if self.scale_offset is None:
             return tf.cast(codes, tf.float32)
         return dequantize_rows(codes, tf.gather(self.scale_offset, ids))
+
+
+def packed_words(codes: np.ndarray) -> np.ndarray:
+    """`codes` `[rows, dim]` as `[rows, words]` of int64 (or int32) holding
+    the same bytes, or unchanged when a row's bytes fill no whole word."""
+    row_bytes = codes.shape[1] * codes.dtype.itemsize
+    for word in (np.int64, np.int32):
+        if row_bytes % np.dtype(word).itemsize == 0:
+            return np.ascontiguousarray(codes).view(word)
+    return codes
 
 
 def gather(table: Any, ids: Tensor) -> Tensor:
@@ -171,29 +196,3 @@ def gather(table: Any, ids: Tensor) -> Tensor:
     if isinstance(table, QuantizedTable):
         return table.gather(ids)
     return tf.gather(table, ids)
-
-
-def max_abs_error(model: Any, table_dtype: str) -> dict[str, float]:
-    """Per table of `model`'s embedding layers, the largest `|x̂ - x|` over
-    its elements if served with `table_dtype`.
-
-    Example:
-
-    >>> item = categorical_column_with_identity("item", 100)
-    >>> layer = TPUEmbeddingLayer([embedding_column(item, 8)])
-    >>> _ = layer({"item": tf.constant([[1]], tf.int64)})
-    >>> errors = max_abs_error(layer, "int8")
-    >>> list(errors), errors["item"] < 0.01
-    (['item'], True)
-    """
-    from keras_tpu_embed.layers import embedding_layers
-
-    check_table_dtype(table_dtype)
-    errors = {}
-    for layer in embedding_layers(model):
-        for spec in layer.table_specs:
-            values = np.asarray(layer.table_variable(spec.name).numpy())
-            codes, scale_offset = quantize_rows(values, table_dtype, spec.name)
-            served = np.asarray(dequantize_rows(codes, scale_offset))
-            errors[spec.name] = float(np.max(np.abs(served - values)))
-    return errors

@@ -17,6 +17,8 @@ import os
 from typing import Any
 from typing import Iterator
 
+import numpy as np
+
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
@@ -29,6 +31,8 @@ from keras_tpu_embed.preprocessing import FeaturePreprocessor
 from keras_tpu_embed.preprocessing import make_parse_example_spec
 from keras_tpu_embed.quantization import QuantizedTable
 from keras_tpu_embed.quantization import check_table_dtype
+from keras_tpu_embed.quantization import dequantize_rows
+from keras_tpu_embed.quantization import quantize_rows
 from keras_tpu_embed.types import Tensor
 
 
@@ -292,6 +296,33 @@ def export_saved_model(
     write_export_info(path, table_dtype)
     write_digests(path)
     return path
+
+
+def quantization_error(model: Any, table_dtype: str) -> dict[str, float]:
+    """Per table of `model`'s embedding layers, the largest `|x̂ - x|` over
+    its elements if exported with `table_dtype` (see `export_saved_model`).
+
+    Example:
+
+    >>> item = categorical_column_with_identity("item", 100)
+    >>> layer = TPUEmbeddingLayer([embedding_column(item, 8)])
+    >>> _ = layer({"item": tf.constant([[1]], tf.int64)})
+    >>> errors = quantization_error(layer, "int8")
+    >>> list(errors), errors["item"] < 0.01
+    (['item'], True)
+
+    Raises:
+        ValueError: an unknown `table_dtype`; a table with NaN or inf.
+    """
+    check_table_dtype(table_dtype)
+    errors = {}
+    for layer in embedding_layers(model):
+        for spec in layer.table_specs:
+            values = np.asarray(layer.table_variable(spec.name).numpy())
+            codes, scale_offset = quantize_rows(values, table_dtype, spec.name)
+            served = np.asarray(dequantize_rows(codes, scale_offset))
+            errors[spec.name] = float(np.max(np.abs(served - values)))
+    return errors
 
 
 def _has_input_tensors(model: keras.Model) -> bool:

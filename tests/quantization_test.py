@@ -135,10 +135,11 @@ def test_quantized_export_holds_no_float32_table_and_is_small(tmp_path):
         sizes[table_dtype] = _size(path)
         saved[table_dtype] = _saved_variables(path)
     assert ("float32", (100_000, 64)) in saved["float32"]
-    assert sorted(saved["bfloat16"]) == [("bfloat16", (100_000, 64))]
+    # Codes are stored packed in 8-byte words (`packed_words`).
+    assert sorted(saved["bfloat16"]) == [("int64", (100_000, 16))]
     assert sorted(saved["int8"]) == [
         ("float32", (100_000, 2)),
-        ("uint8", (100_000, 64)),
+        ("int64", (100_000, 8)),
     ]
     assert sizes["int8"] <= 0.3 * sizes["float32"]
     assert sizes["bfloat16"] <= 0.55 * sizes["float32"]
@@ -261,16 +262,39 @@ def test_every_serving_path_dequantizes(tmp_path, monkeypatch, lookup_device):
     assert 0 < error.max() <= bound * (1 + 1e-5)
 
 
-def test_max_abs_error_per_table():
+def test_quantization_error_per_table():
     pre, layer, model = _model(dimension=8)
     table = layer.table_variable("item").numpy()
-    errors = kte.quantization.max_abs_error(model, "int8")
+    errors = kte.quantization_error(model, "int8")
     assert list(errors) == ["item"]
     assert (
         0
         < errors["item"]
         <= quantization.error_bound(table, "int8").max() * (1 + 1e-5)
     )
-    assert kte.quantization.max_abs_error(model, "float32") == {"item": 0.0}
+    assert kte.quantization_error(model, "float32") == {"item": 0.0}
     with pytest.raises(ValueError, match="table_dtype='int4'"):
-        kte.quantization.max_abs_error(model, "int4")
+        kte.quantization_error(model, "int4")
+
+
+@pytest.mark.parametrize("table_dtype", ["int8", "bfloat16"])
+@pytest.mark.parametrize("dimension", [7, 6, 64])
+def test_packed_codes_gather_the_same_rows(table_dtype, dimension):
+    # 7 int8 codes fill no word (kept as bytes); 6 bfloat16 values fill
+    # three int32 words; 64 fill int64 words: every layout serves the rows
+    # `dequantize_rows` gives from the unpacked codes.
+    rng = np.random.default_rng(dimension)
+    table = rng.standard_normal((50, dimension)).astype(np.float32)
+    quantized = quantization.QuantizedTable(table, table_dtype, "t")
+    assert tuple(quantized.shape) == (50, dimension)
+    ids = tf.constant([[3, 0], [49, 3]], tf.int64)
+    codes, scale_offset = quantization.quantize_rows(table, table_dtype, "t")
+    expected = np.asarray(quantization.dequantize_rows(codes, scale_offset))
+    np.testing.assert_array_equal(
+        quantized.gather(ids).numpy(), expected[ids.numpy()]
+    )
+    # XLA fuses `code * scale + offset` into one rounding (FMA): ulps apart.
+    compiled = tf.function(quantized.gather, jit_compile=True)
+    np.testing.assert_allclose(
+        compiled(ids).numpy(), expected[ids.numpy()], rtol=0, atol=1e-6
+    )
