@@ -160,8 +160,10 @@ def summed_duplicates(
         representative = tf.gather(written, ids)
     else:
         # The gather is ordered after the write: both touch the variable
-        # (automatic control dependencies in a tf.function).
-        scratch.scatter_nd_update(ids[:, tf.newaxis], positions)
+        # (automatic control dependencies in a tf.function). A mirrored
+        # variable takes `scatter_update` in a replica context, not
+        # `scatter_nd_update`.
+        scratch.scatter_update(tf.IndexedSlices(positions, ids))
         representative = tf.gather(scratch, ids)
     totals = tf.math.unsorted_segment_sum(gradients, representative, size)
     return ids, tf.gather(totals, representative), any_kept
