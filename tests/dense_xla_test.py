@@ -341,12 +341,12 @@ def test_out_of_range_ids_are_refused_by_the_tensor_core_export(tmp_path):
 ODD_VOCAB = 1009  # No other dimension of the step has this size.
 
 
-def _core_training_step(vocabulary_size=ODD_VOCAB):
+def _core_training_step(device="tpu_tensor_core"):
     column = kte.embedding_column(
-        kte.categorical_column_with_identity("item", vocabulary_size),
+        kte.categorical_column_with_identity("item", ODD_VOCAB),
         2,
-        embedding_lookup_device="tpu_tensor_core",
-        tensor_core_shape=[None, 3],
+        embedding_lookup_device=device,
+        tensor_core_shape=[None, 3] if device else None,
     )
     layer = kte.TPUEmbeddingLayer(
         [column],
@@ -363,11 +363,13 @@ def _core_training_step(vocabulary_size=ODD_VOCAB):
     return layer, step
 
 
-def test_training_step_makes_no_vocabulary_sized_tensor():
+@pytest.mark.parametrize("device", ["tpu_tensor_core", None])
+def test_training_step_makes_no_vocabulary_sized_tensor(device):
     """The dedupe scratch is a persistent variable, not a per-step tensor:
     no op of the step outputs anything with a vocabulary-sized dimension
-    (the table and its slots are only gathered from and scattered into)."""
-    _, step = _core_training_step()
+    (the table and its slots are only gathered from and scattered into).
+    The host path (None) is a control: it never made one."""
+    _, step = _core_training_step(device)
     ids = tf.constant([[1, 5, 5], [7, -1, -1]], tf.int64)
     graph = tf.function(step).get_concrete_function(ids).graph
     sized = [
