@@ -67,8 +67,7 @@ def step(
     gradient: Tensor,
     learning_rate: Tensor,
     count: Tensor,
-    check_finite: bool = False,
-) -> tuple[Tensor, Tensor, dict[str, Tensor], Tensor]:
+) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
     """The rule on padded rows, compiled; the first `count` results.
 
     Args:
@@ -79,38 +78,24 @@ def step(
         gradient: `[size, dim]` each row's summed gradient.
         learning_rate: A scalar.
         count: How many of the `size` entries are real.
-        check_finite: Whether a gradient holding a NaN or inf skips the
-            step: every row and slot then keeps its old value. Checked in
-            the same computation, one read of the gradient instead of the
-            four passes of TensorFlow's ops (`row_update.refuse_non_finite`).
 
     Returns:
-        `(ids, new_rows, new_slots, finite)`, the first three cut to `count`
-        entries; `finite` says whether the gradient was (true when not
-        checked). The cut of the first `count` rows shares its buffer with
-        the padded result (TensorFlow's aligned dim-0 slice): no copy.
+        `(ids, new_rows, new_slots)`, each cut to `count` entries. The cut
+        of the first `count` rows shares its buffer with the padded result
+        (TensorFlow's aligned dim-0 slice): no copy.
     """
     names = sorted(slots)
 
     def compiled(
         ids: Tensor, rows: Tensor, gradient: Tensor, rate: Tensor, *held: Any
-    ) -> tuple[Tensor, list[Tensor], Tensor]:
+    ) -> tuple[Tensor, list[Tensor]]:
         old = {n: tf.gather(v, ids) for n, v in zip(names, held)}
         new_rows, new_slots = rule(rows, old, gradient, rate)
-        if not check_finite:
-            return new_rows, [new_slots[n] for n in names], tf.constant(True)
-        # The padding's gradient is zero: it never makes a step non-finite.
-        finite = tf.reduce_all(tf.math.is_finite(gradient))
-        # Selected, not multiplied: a NaN times 0 is NaN.
-        return (
-            tf.where(finite, new_rows, rows),
-            [tf.where(finite, new_slots[n], old[n]) for n in names],
-            finite,
-        )
+        return new_rows, [new_slots[n] for n in names]
 
     run = tf.function(compiled, jit_compile=True, autograph=False)
     learning_rate = tf.cast(learning_rate, rows.dtype)
-    new_rows, new_slots, finite = run(
+    new_rows, new_slots = run(
         ids, rows, gradient, learning_rate, *[slots[n] for n in names]
     )
 
@@ -121,5 +106,4 @@ def step(
         cut(ids),
         cut(new_rows),
         {n: cut(v) for n, v in zip(names, new_slots)},
-        finite,
     )

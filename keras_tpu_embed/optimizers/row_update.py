@@ -46,7 +46,6 @@ def apply_update(
     rows: Tensor | None = None,
     guard: Tensor | None = None,
     count: Tensor | None = None,
-    refuse_non_finite: tuple[str, Tensor] | None = None,
 ) -> list[Any]:
     """Applies one engine step to `table` (see the module docstring).
 
@@ -72,9 +71,6 @@ def apply_update(
             to update; the rest pad them (to `compiled_rows.padded_size`)
             so that the step runs as one XLA computation
             (`compiled_rows.py`). `rows` must then be given, padded too.
-        refuse_non_finite: With `count`: `(table name, step)`, to refuse a
-            non-finite gradient inside the compiled step (see the function
-            `refuse_non_finite`, which sets it).
 
     Returns:
         The update ops, for control dependencies.
@@ -92,7 +88,6 @@ def apply_update(
                     learning_rate,
                     rows,
                     count=count,
-                    refuse_non_finite=refuse_non_finite,
                 )
             ),
             lambda: tf.constant(True),
@@ -111,22 +106,10 @@ def apply_update(
 
     if count is not None and not optimizer.updates_all_rows():
         assert rows is not None, "padded rows come from the forward gather"
-        unique_ids, new_rows, new_slots, finite = compiled_rows.step(
-            rule,
-            slots,
-            unique_ids,
-            rows,
-            gradient,
-            learning_rate,
-            count,
-            check_finite=refuse_non_finite is not None,
+        unique_ids, new_rows, new_slots = compiled_rows.step(
+            rule, slots, unique_ids, rows, gradient, learning_rate, count
         )
-        ops = _scatter(table, slots, unique_ids, new_rows, new_slots)
-        if refuse_non_finite is not None:
-            # A non-finite step wrote the old values back: raising after
-            # the scatters leaves the table as it was.
-            ops.append(_assert_finite(finite, *refuse_non_finite))
-        return ops
+        return _scatter(table, slots, unique_ids, new_rows, new_slots)
     if optimizer.updates_all_rows():
         # Non-lazy rules move untouched rows too: a dense step.
         gradient = tf.scatter_nd(
@@ -199,26 +182,10 @@ def refuse_non_finite(
     of the table is skipped (the guard, with a zeroed gradient for the
     rules that run regardless of it) and an assertion names the table and
     the step; XLA compiles assertions to nothing, so there the skip is all.
-    Arguments of the compiled step (with `count`) leave both to that step.
     """
-    if arguments.get("count") is not None:
-        return dict(arguments, refuse_non_finite=(table_name, step))
     gradient = arguments["gradient"]
     finite = tf.reduce_all(tf.math.is_finite(gradient))
-    check = _assert_finite(finite, table_name, step)
-    with tf.control_dependencies([check]):
-        guard = tf.identity(finite)
-    if arguments.get("guard") is not None:
-        guard = tf.logical_and(arguments["guard"], guard)
-    return dict(
-        arguments,
-        gradient=tf.where(finite, gradient, tf.zeros_like(gradient)),
-        guard=guard,
-    )
-
-
-def _assert_finite(finite: Tensor, table_name: str, step: Tensor) -> Any:
-    return tf.debugging.Assert(
+    check = tf.debugging.Assert(
         finite,
         [
             f"Embedding table '{table_name}' received a NaN or inf gradient "
@@ -228,6 +195,15 @@ def _assert_finite(finite: Tensor, table_name: str, step: Tensor) -> Any:
             "(tf.debugging.enable_check_numerics()), or set "
             "EmbeddingConfig(non_finite_updates='allow').",
         ],
+    )
+    with tf.control_dependencies([check]):
+        guard = tf.identity(finite)
+    if arguments.get("guard") is not None:
+        guard = tf.logical_and(arguments["guard"], guard)
+    return dict(
+        arguments,
+        gradient=tf.where(finite, gradient, tf.zeros_like(gradient)),
+        guard=guard,
     )
 
 
