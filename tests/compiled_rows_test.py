@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from keras_tpu_embed.optimizers import apply_update
 from keras_tpu_embed.optimizers import compiled_rows
+from keras_tpu_embed.optimizers.row_update import refuse_non_finite
 from tests import testing
 
 VOCAB, DIM = 50, 3
@@ -109,3 +110,47 @@ def test_padded_sizes_bound_waste_and_compilations():
     # A batch's distinct rows vary by a few percent: few shapes to compile.
     band = (counts >= 95_000) & (counts <= 100_000)
     assert len(set(sizes[band])) <= 2
+
+
+def _refused_step(optimizer, table, slots, gradient, compiled):
+    ids = tf.constant([5, 9], tf.int64)
+    arguments = {"unique_ids": ids, "gradient": gradient}
+    if compiled:
+        size = compiled_rows.padded_size(tf.size(ids))
+        ids = compiled_rows.pad(ids, size)
+        arguments = {
+            "unique_ids": ids,
+            "gradient": tf.pad(gradient, [[0, size - 2], [0, 0]]),
+            "rows": tf.gather(table, ids),
+            "count": tf.constant(2),
+        }
+    arguments = refuse_non_finite(arguments, "t", tf.constant(3, tf.int64))
+    return apply_update(
+        optimizer, table, slots, learning_rate=tf.constant(0.3), **arguments
+    )
+
+
+@pytest.mark.parametrize("name", ["adagrad", "ftrl"])
+def test_compiled_step_refuses_non_finite_gradients_as_the_plain_one(name):
+    """Finite: the same step as the plain refusal's; NaN: both raise naming
+    the table and step, and leave every row and slot as it was."""
+    optimizer = testing.OPTIMIZER_CASES[name]
+    finite = tf.constant([[0.5, -1.0, 2.0], [1.0, 0.25, -0.5]])
+    results = []
+    for compiled in (False, True):
+        table, slots = _variables(optimizer, 0)
+        _refused_step(optimizer, table, slots, finite, compiled)
+        results.append([table.numpy()] + [v.numpy() for v in slots.values()])
+    for plain, fast in zip(*results):
+        np.testing.assert_allclose(fast, plain, atol=1e-6, rtol=1e-5)
+    nan = tf.tensor_scatter_nd_update(finite, [[1, 2]], [np.nan])
+    for compiled in (False, True):
+        table, slots = _variables(optimizer, 0)
+        before = [table.numpy()] + [v.numpy() for v in slots.values()]
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match=r"table 't'.*step"
+        ):
+            _refused_step(optimizer, table, slots, nan, compiled)
+        after = [table.numpy()] + [v.numpy() for v in slots.values()]
+        for b, a in zip(before, after):
+            np.testing.assert_array_equal(a, b)
