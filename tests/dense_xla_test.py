@@ -336,3 +336,79 @@ def test_out_of_range_ids_are_refused_by_the_tensor_core_export(tmp_path):
     serve = _served(_weighted_core_layer(), tmp_path)
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
         serve(x=tf.constant([[7, 1]], tf.int64), xw=tf.constant([[1.0, 1.0]]))
+
+
+ODD_VOCAB = 1009  # No other dimension of the step has this size.
+
+
+def _core_training_step(device="tpu_tensor_core"):
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", ODD_VOCAB),
+        2,
+        embedding_lookup_device=device,
+        tensor_core_shape=[None, 3] if device else None,
+    )
+    layer = kte.TPUEmbeddingLayer(
+        [column],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1)),
+        output="concat",
+    )
+    layer.build()
+
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer({"item": ids}, training=True))
+        return tape.gradient(loss, layer.trainable_weights)
+
+    return layer, step
+
+
+@pytest.mark.parametrize("device", ["tpu_tensor_core", None])
+def test_training_step_makes_no_vocabulary_sized_tensor(device):
+    """The dedupe scratch is a persistent variable, not a per-step tensor:
+    no op of the step outputs anything with a vocabulary-sized dimension
+    (the table and its slots are only gathered from and scattered into).
+    The host path (None) is a control: it never made one."""
+    _, step = _core_training_step(device)
+    ids = tf.constant([[1, 5, 5], [7, -1, -1]], tf.int64)
+    graph = tf.function(step).get_concrete_function(ids).graph
+    sized = [
+        (op.type, op.name, output.shape)
+        for op in graph.get_operations()
+        for output in op.outputs
+        if output.shape.rank and ODD_VOCAB in output.shape.as_list()
+    ]
+    assert sized == []
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_persistent_scratch_trains_as_a_fresh_one(jit_compile):
+    """Steps after the first read a scratch holding the last step's
+    positions: the result equals the fresh-scratch dedupe step by step."""
+    ids = tf.constant([4, 1, 4, 7, 1, 2], tf.int64)
+    gradients = tf.constant([[1.0], [2.0], [3.0], [4.0], [5.0], [6.0]])
+    kept = tf.constant([True, True, True, False, True, True])
+    scratch = tf.Variable(tf.zeros([8], tf.int32), trainable=False)
+    run = tf.function(dense_xla.summed_duplicates, jit_compile=jit_compile)
+    fresh = tf.function(dense_xla.summed_duplicates, jit_compile=jit_compile)
+    for shift in range(3):
+        step_ids = (ids + shift) % 8
+        got = run(step_ids, gradients, kept, 8, scratch=scratch)
+        want = fresh(step_ids, gradients, kept, 8)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    # The scratch holds positions, written in place.
+    assert int(tf.reduce_max(scratch)) > 0
+
+
+def test_scratch_is_not_state(tmp_path):
+    """Neither Keras' weights nor a TF checkpoint see the scratch."""
+    layer, step = _core_training_step()
+    names = sorted(w.path for w in layer.weights)
+    step(tf.constant([[1, 5, 5], [7, -1, -1]], tf.int64))
+    assert sorted(w.path for w in layer.weights) == names
+    assert not any("scratch" in n for n in names)
+    saved = tf.train.Checkpoint(layer=layer).write(str(tmp_path / "ckpt"))
+    stored = [name for name, _ in tf.train.list_variables(saved)]
+    assert any("embedding_tables/item" in n for n in stored), stored
+    assert not any("scratch" in n for n in stored), stored

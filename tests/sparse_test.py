@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import keras_tpu_embed as kte
 from keras_tpu_embed.ids import to_id_batch
 from keras_tpu_embed.lookup import sparse
+from keras_tpu_embed.tables import group_into_tables
 from tests import testing
 
 VOCAB, DIM = 7, 2
@@ -123,3 +124,27 @@ def test_sequence_lengths_count_to_the_last_entry_and_clip():
     ragged = tf.ragged.constant([[1, -5, 2, 3], [], [-1, 4]], dtype=tf.int64)
     batch = to_id_batch("x", ragged)
     np.testing.assert_array_equal(sparse.sequence_lengths(batch, 3), [3, 0, 2])
+
+
+def test_training_rows_come_padded_and_dense_steps_get_them_cut():
+    """Lazy steps get the padded distinct rows and their count (the
+    compiled step); dense steps and replicas get the distinct rows only,
+    so the padding's row 0 never takes a zero-gradient step."""
+    [table] = group_into_tables([testing.identity_column(vocabulary_size=9)])
+    ids = tf.constant([[3, 1], [3, -1]], tf.int64)
+    lookup = sparse.SparseTableLookup(table, {"ids": ids}, False)
+    variable = tf.Variable(
+        tf.reshape(tf.range(9 * DIM, dtype=tf.float32), [9, DIM])
+    )
+    rows = lookup.training_rows(variable)
+    assert rows.shape[0] == 64
+    gradient = tf.ones_like(rows)
+    lazy = lookup.update_arguments(gradient, updates_all_rows=False)
+    assert int(lazy["count"]) == 2
+    padded = lazy["unique_ids"].numpy()
+    assert sorted(padded[:2]) == [1, 3] and not padded[2:].any()
+    np.testing.assert_array_equal(rows, tf.gather(variable, padded))
+    dense = lookup.update_arguments(gradient, updates_all_rows=True)
+    assert "count" not in dense
+    assert sorted(dense["unique_ids"].numpy()) == [1, 3]
+    assert dense["gradient"].shape[0] == 2

@@ -26,6 +26,7 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.devices import LookupDevice
+from keras_tpu_embed.devices import training_device
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup import padded_host
 from keras_tpu_embed.lookup import replicas
@@ -36,6 +37,7 @@ from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.optimizers import apply_update
 from keras_tpu_embed.optimizers.row_update import refuse_non_finite
 from keras_tpu_embed.tables import TableSpec
+from keras_tpu_embed.tpu_hardware import embedding_hardware
 from keras_tpu_embed.types import Tensor
 
 
@@ -59,6 +61,7 @@ class LocalTables:
         self.return_sequence_lengths = return_sequence_lengths
         self._variables: dict[str, Any] = {}
         self._slots: dict[str, dict[str, Any]] = {}
+        self._scratch: dict[str, Any] = {}
         self._step: Any = None
         self._trigger: Any = None
         self._counts_step = True
@@ -97,7 +100,32 @@ class LocalTables:
                 )
                 self._slots[table.name][slot.name] = slot_variable
                 setattr(module, f"{table.name}/{slot.name}", slot_variable)
+        self._create_scratch()
         return module
+
+    def _create_scratch(self) -> None:
+        """A dedupe scratch per table trained on the tensor core.
+
+        `dense_xla.summed_duplicates` overwrites it at the batch's ids every
+        step, so that no step allocates or writes a vocabulary-sized tensor.
+        It holds no state: a plain `tf.Variable` that neither this module nor
+        the layer tracks, so no weight list, checkpoint or SavedModel sees
+        it. Created eagerly (`init_scope`) in the strategy's scope, so each
+        replica writes its own copy, as it does its tables.
+        """
+        if self.config.optimizer.updates_all_rows():
+            return  # A dense step sums every entry's gradient itself.
+        hardware = embedding_hardware(tf.distribute.get_strategy())
+        for table in self.tables:
+            core = training_device(table, hardware)
+            if not table.trainable or core is not LookupDevice.TPU_TENSOR_CORE:
+                continue
+            with tf.init_scope():
+                self._scratch[table.name] = tf.Variable(
+                    tf.zeros([table.vocabulary_size], tf.int32),
+                    trainable=False,
+                    name=f"{table.name}_dedupe_scratch",
+                )
 
     def bind(self, step: Any, trigger: Any, counts_step: bool = True) -> None:
         """The layer's variables that training reads and writes.
@@ -194,10 +222,12 @@ class LocalTables:
         for table, lookup, gradient in zip(self.tables, lookups, gradients):
             if not table.trainable:
                 continue
+            scratch = self._scratch.get(table.name)
             arguments = lookup.update_arguments(
                 gradient,
                 optimizer.updates_all_rows(),
                 across_replicas=across_replicas,
+                **({} if scratch is None else {"scratch": scratch}),
             )
             arguments["gradient"] = update_rules.scale_and_clip(
                 arguments["gradient"], config, step

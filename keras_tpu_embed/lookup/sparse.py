@@ -20,6 +20,7 @@ from keras_tpu_embed.ids import identity_default
 from keras_tpu_embed.ids import prepare_for_lookup
 from keras_tpu_embed.ids import prunes_weights
 from keras_tpu_embed.ids import to_id_batch
+from keras_tpu_embed.optimizers import compiled_rows
 from keras_tpu_embed.tables import clip_rows
 from keras_tpu_embed.types import Tensor
 
@@ -205,11 +206,19 @@ class SparseTableLookup:
                 max_sequence_length=column.max_sequence_length,
             )
         self._unique_ids: Tensor | None = None
+        self._count: Tensor | None = None
         self._rows: Tensor | None = None
         self._index: dict[str, Tensor] = {}
 
     def training_rows(self, variable: Any) -> Tensor:
-        """The distinct rows the batch reads, `[n_unique, dim]`."""
+        """The distinct rows the batch reads, padded: `[size, dim]`.
+
+        The first `n_unique` are the batch's distinct rows; row 0 pads them
+        to `compiled_rows.padded_size(n_unique)`, so that the optimizer's
+        step on them runs as one XLA computation of few shapes
+        (`optimizers/compiled_rows.py`). No entry reads the padding, so
+        its gradient is zero and its update is dropped.
+        """
         names = [c.name for c in self.table.columns]
         ids = [self.batches[name].ids for name in names]
         unique, index = distinct(
@@ -220,9 +229,12 @@ class SparseTableLookup:
             if len(ids) > 1
             else [index]
         )
-        self._unique_ids = unique
+        self._count = tf.size(unique, out_type=tf.int32)
+        self._unique_ids = compiled_rows.pad(
+            unique, compiled_rows.padded_size(self._count)
+        )
         self._index = dict(zip(names, parts))
-        self._rows = tf.gather(variable, unique)
+        self._rows = tf.gather(variable, self._unique_ids)
         return self._rows
 
     def outputs(
@@ -279,19 +291,27 @@ class SparseTableLookup:
         """`apply_update` keyword arguments for the trapped rows' gradient.
 
         Args:
-            gradient: The gradient of the distinct rows, `[n_unique, dim]`.
-            updates_all_rows: Unused: the update scatters the rows itself.
+            gradient: The gradient of the padded distinct rows, `[size, dim]`.
+            updates_all_rows: Whether the optimizer's step is dense; it then
+                gets the distinct rows without padding.
             across_replicas: Concatenates tensors over every replica (see
                 `lookup/replicas.py`); the rows of the global batch are then
                 deduplicated again and their gradients summed.
         """
-        if across_replicas is None:
+        if across_replicas is None and not updates_all_rows:
             return {
                 "unique_ids": self._unique_ids,
                 "gradient": gradient,
                 "rows": self._rows,
+                "count": self._count,
             }
-        ids, gradients = across_replicas(self._unique_ids, gradient)
+        # The padding (row 0, zero gradient) must not reach a rule that
+        # moves rows on a zero gradient: cut it (a dim-0 slice, no copy).
+        padded: Any = self._unique_ids
+        ids, gradient = padded[: self._count], gradient[: self._count]
+        if across_replicas is None:
+            return {"unique_ids": ids, "gradient": gradient}
+        ids, gradients = across_replicas(ids, gradient)
         unique, index = distinct(ids, self.table.vocabulary_size)
         summed = tf.math.unsorted_segment_sum(gradients, index, tf.size(unique))
         # The forward pass gathered this replica's rows only.
