@@ -200,9 +200,13 @@ def refuse_non_finite(
         guard = tf.identity(finite)
     if arguments.get("guard") is not None:
         guard = tf.logical_and(arguments["guard"], guard)
+    # A cond, not an element-wise select: a finite gradient (every step
+    # but a broken one) passes through without another pass over it.
     return dict(
         arguments,
-        gradient=tf.where(finite, gradient, tf.zeros_like(gradient)),
+        gradient=tf.cond(
+            finite, lambda: gradient, lambda: tf.zeros_like(gradient)
+        ),
         guard=guard,
     )
 
