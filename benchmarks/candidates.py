@@ -412,7 +412,8 @@ def families(spec: workloads.Workload) -> dict[str, list[Candidate]]:
                 kte_candidate("tpu_tensor_core", "dense"),
             )
         ]
-        + (serving_candidates.candidates()[0] if not spec.training else []),
+        + (serving_candidates.candidates()[0] if not spec.training else [])
+        + paired_peers(spec),
         "keras": [
             Candidate(
                 "keras_embedding",
@@ -433,6 +434,28 @@ def families(spec: workloads.Workload) -> dict[str, list[Candidate]]:
             )
         ],
     }
+
+
+def paired_peers(spec: workloads.Workload) -> list[Candidate]:
+    """The fastest peers again, in the package's own process (role
+    "peer": not in the table), so that the targets are ratios paired round
+    by round in one process; across processes the anchors themselves drift
+    by 10-20% here. W1: `raw_xla` and `keras_embedding_xla`; W2: `raw_xla`
+    (the training target is against the plain-TensorFlow anchors)."""
+    raw = [c for c in anchors.tf_candidates(spec) if c.name == "raw_xla"]
+    peers = [
+        Candidate(c.name, c.description, c.build, role="peer") for c in raw
+    ]
+    if not spec.training:
+        peers.append(
+            Candidate(
+                "keras_embedding_xla",
+                "keras.layers.Embedding on padded ids, jit_compile=True",
+                keras_embedding(jit=True),
+                role="peer",
+            )
+        )
+    return peers
 
 
 def scale_candidates(

@@ -153,6 +153,10 @@ def measure(
                 built[name].step(counter)
                 times.append(time.perf_counter() - begin)
                 counter += 1
+            # Per round, for ratios paired round by round (`report.py`).
+            records[name].setdefault("round_medians_s", []).append(
+                statistics.median(times[-steps:])
+            )
     for name in names:
         record = records[name]
         record["median_step_s"] = statistics.median(record["step_times_s"])
@@ -242,6 +246,10 @@ def process_main(
         chosen = groups[args.family]
     if spec.name != "W3":
         chosen = anchors.candidates(spec) + chosen
+    # A peer repeated for pairing (role "peer") is measured once when its
+    # own family runs in the same process ('all').
+    own = {c.name for c in chosen if c.role != "peer"}
+    chosen = [c for c in chosen if c.role != "peer" or c.name not in own]
     records = measure(
         chosen,
         spec,

@@ -12,8 +12,8 @@ The `legacy` family runs with `TF_USE_LEGACY_KERAS=1`. `latency` (loaded
 SavedModels from 1 and 8 threads, `latency.py`) and `quantization` (the
 demo's AUC through each table dtype, `quantization.py`) are a process each.
 Prints the table and the targets; writes `results.json`, `results.png` and
-`latency.png` under `--out`; progress goes to stderr. A full run takes
-about 20-25 minutes on 2 cores. `--quick` shrinks batches and tables so
+`latency.png` under `--out`; progress goes to stderr. A full run took
+13 minutes on 2 cores. `--quick` shrinks batches and tables so
 that the whole suite runs in a minute or two (for the test); its numbers
 mean nothing.
 """

@@ -12,6 +12,7 @@ import os
 
 import pytest
 
+from benchmarks import report
 from tests import testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -250,3 +251,30 @@ def test_scale_reports_every_size_on_both_paths(quick_run):
         assert all(_finite_positive(ms) for ms in scale["step_ms"]), path
         assert all(_finite_positive(ms) for ms in scale["bound_ms"]), path
     assert f"{QUICK_ROWS[1]:,} -> {QUICK_ROWS[2]:,}" in stdout
+
+
+def test_targets_pair_rounds_in_one_process():
+    # Round by round, the peer beside us took 2x our time in round 0 and
+    # 1x in rounds 1-2: the paired ratio is the median, 1.0, whatever the
+    # other process's anchor says (its speed-up ratio is 3.0 here).
+    workload = {
+        "processes": {
+            "kte": {
+                "candidates": {
+                    "ours": {"round_medians_s": [1.0, 2.0, 2.0]},
+                    "raw_xla": {"round_medians_s": [2.0, 2.0, 2.0]},
+                    "safe_lookup": {"round_medians_s": [9.0, 9.0, 9.0]},
+                }
+            }
+        }
+    }
+    ours = {"name": "ours", "family": "kte", "speedup": 6.0}
+    peer = {"name": "raw_xla", "speedup": 2.0}
+    pair = report.paired(workload, ours, ["raw_xla", "safe_lookup"])
+    assert pair == {"peer": "raw_xla", "ratio": 1.0, "rounds": 3}
+    goal = report._versus(ours, peer, 1.5, pair)
+    assert goal["ratio"] == 1.0 and not goal["met"]
+    assert goal["ratio_across_processes"] == 3.0
+    # Without the peer in our process, the cross-process ratio decides.
+    assert report.paired(workload, ours, ["keras_embedding_xla"]) is None
+    assert report._versus(ours, peer, 1.5, None)["met"]
