@@ -37,7 +37,6 @@ from keras_tpu_embed.ids import ids_below
 from keras_tpu_embed.ids import map_to_default
 from keras_tpu_embed.ids import prepare_for_lookup
 from keras_tpu_embed.ids import prunes_weights
-from keras_tpu_embed.ids import to_id_batch
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.tables import clip_rows
@@ -72,24 +71,11 @@ class PaddedHostLookup:
         self, table: Any, features: dict[str, Tensor], return_lengths: bool
     ) -> None:
         self.table = table
-        self.lengths: dict[str, Tensor] = {}
         self._features = features
-        self._batches: dict[str, IdBatch] = {}
-        for column in table.columns:
-            weight_key = column.weight_feature_key
-            # Also the checks of ids and weights (dtypes, ranks, shapes,
-            # finite weights), whichever path then runs.
-            batch = to_id_batch(
-                column.feature_key,
-                features[column.feature_key],
-                features[weight_key] if weight_key else None,
-                weight_key,
-            )
-            if column.is_sequence and return_lengths:
-                self.lengths[column.name] = sparse.sequence_lengths(
-                    batch, column.max_sequence_length
-                )
-            self._batches[column.name] = batch
+        # Also the checks of ids and weights, whichever path then runs.
+        self._batches, self.lengths = sparse.read_batches(
+            table, features, return_lengths
+        )
 
     def outputs(
         self,
@@ -110,16 +96,7 @@ class PaddedHostLookup:
             return self._dense_column(variable, column, compiled)
         table = self.table
         batch = self._batches[column.name]
-        ids = map_to_default(
-            batch.ids, table.vocabulary_size, identity_default(column)
-        )
-        ids = ids_below(
-            ids,
-            table.vocabulary_size,
-            f"Feature '{column.feature_key}' (table '{table.name}') has ids "
-            f"outside the valid range [0, {table.vocabulary_size}); set a "
-            "default_value on an identity column to map them.",
-        )
+        ids = _valid_ids(batch.ids, table, column, keep_padding=False)
         batch = dataclasses.replace(batch, ids=ids)
         length = column.max_sequence_length if column.is_sequence else 0
         rows, slots, width, fits = _layout(batch, length)
@@ -142,9 +119,7 @@ class PaddedHostLookup:
                 # Positions past the sequence length were parked in the
                 # last column; the sparse path drops them too.
                 inputs = [x[:, :length] for x in inputs]
-            device = _device_part(table, column, variable)
-            if compiled:
-                device = tf.function(device, jit_compile=True, autograph=False)
+            device = _device_part(table, column, variable, compiled)
             return device(*inputs)[: batch.batch_size]
 
         def unpadded() -> Tensor:
@@ -163,19 +138,7 @@ class PaddedHostLookup:
                 column.feature_key, self._features[column.feature_key]
             )
         )
-        ids = map_to_default(
-            ids,
-            table.vocabulary_size,
-            identity_default(column),
-            keep_padding=True,
-        )
-        ids = ids_below(
-            ids,
-            table.vocabulary_size,
-            f"Feature '{column.feature_key}' (table '{table.name}') has ids "
-            f"outside the valid range [0, {table.vocabulary_size}); set a "
-            "default_value on an identity column to map them.",
-        )
+        ids = _valid_ids(ids, table, column, keep_padding=True)
         inputs: list[tuple[Tensor, Any]] = [(ids, PADDING_ID)]
         if column.weight_feature_key:
             weights = self._features[column.weight_feature_key]
@@ -194,9 +157,7 @@ class PaddedHostLookup:
             )
             for x, pad in inputs
         ]
-        device = _device_part(table, column, variable)
-        if compiled:
-            device = tf.function(device, jit_compile=True, autograph=False)
+        device = _device_part(table, column, variable, compiled)
         return device(*padded)[: shape[0]]
 
 
@@ -251,8 +212,28 @@ def worth_padding(
     return cells <= PADDING_LIMIT * tf.maximum(entries, batch.batch_size)
 
 
-def _device_part(table: Any, column: Any, variable: Any) -> Any:
-    """Gather + combine of dense `[batch, width]` ids (and weights)."""
+def _valid_ids(
+    ids: Tensor, table: Any, column: Any, keep_padding: bool
+) -> Tensor:
+    """`ids` mapped by the column's `default_value`, then checked in range."""
+    ids = map_to_default(
+        ids,
+        table.vocabulary_size,
+        identity_default(column),
+        keep_padding=keep_padding,
+    )
+    return ids_below(
+        ids,
+        table.vocabulary_size,
+        f"Feature '{column.feature_key}' (table '{table.name}') has ids "
+        f"outside the valid range [0, {table.vocabulary_size}); set a "
+        "default_value on an identity column to map them.",
+    )
+
+
+def _device_part(table: Any, column: Any, variable: Any, compiled: bool) -> Any:
+    """Gather + combine of dense `[batch, width]` ids (and weights), one
+    XLA computation when `compiled`."""
     combiner = column.combiner
     safe = prunes_weights(column)
 
@@ -265,6 +246,8 @@ def _device_part(table: Any, column: Any, variable: Any) -> Any:
             return dense_xla.per_position(rows, factor, combiner)
         return dense_xla.pooled(rows, factor, combiner)
 
+    if compiled:
+        return tf.function(device, jit_compile=True, autograph=False)
     return device
 
 

@@ -170,6 +170,30 @@ def sequence_lengths(batch: IdBatch, max_length: int) -> Tensor:
     return tf.clip_by_value(lengths, 0, max_length)
 
 
+def read_batches(
+    table: Any, features: dict[str, Tensor], return_lengths: bool
+) -> tuple[dict[str, IdBatch], dict[str, Tensor]]:
+    """Each column's ids (and weights) as an `IdBatch`, checked (dtypes,
+    ranks, shapes, finite weights); and, if asked, each sequence column's
+    lengths, counted before any id is pruned."""
+    batches: dict[str, IdBatch] = {}
+    lengths: dict[str, Tensor] = {}
+    for column in table.columns:
+        weight_key = column.weight_feature_key
+        batch = to_id_batch(
+            column.feature_key,
+            features[column.feature_key],
+            features[weight_key] if weight_key else None,
+            weight_key,
+        )
+        if column.is_sequence and return_lengths:
+            lengths[column.name] = sequence_lengths(
+                batch, column.max_sequence_length
+            )
+        batches[column.name] = batch
+    return batches, lengths
+
+
 class SparseTableLookup:
     """One table's host lookup for one call: validate, gather, combine.
 
@@ -183,21 +207,10 @@ class SparseTableLookup:
     ) -> None:
         self.table = table
         self.batches: dict[str, IdBatch] = {}
-        self.lengths: dict[str, Tensor] = {}
+        raw, self.lengths = read_batches(table, features, return_lengths)
         for column in table.columns:
-            weight_key = column.weight_feature_key
-            batch = to_id_batch(
-                column.feature_key,
-                features[column.feature_key],
-                features[weight_key] if weight_key else None,
-                weight_key,
-            )
-            if column.is_sequence and return_lengths:
-                self.lengths[column.name] = sequence_lengths(
-                    batch, column.max_sequence_length
-                )
             self.batches[column.name] = prepare_for_lookup(
-                batch,
+                raw[column.name],
                 feature=column.feature_key,
                 table=table.name,
                 vocabulary_size=table.vocabulary_size,
