@@ -16,6 +16,7 @@ from typing import Sequence
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.config import EmbeddingConfig
+from keras_tpu_embed.optimizers.base import protobuf_safe
 from keras_tpu_embed.tables import group_into_tables
 from keras_tpu_embed.update_rules import engine_optimizer
 
@@ -86,6 +87,10 @@ def to_tpu_feature_configs(
                 f"feature_to_config_dict has the key '{name}', which is "
                 "already a column name; rename one of them."
             )
+        if feature.table.optimizer is not None:
+            # A raw TF optimizer carries the same bool that breaks the
+            # engine's proto (see `optimizers.base.protobuf_safe`).
+            protobuf_safe(feature.table.optimizer)
         features[name] = feature
     return features
 

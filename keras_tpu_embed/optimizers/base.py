@@ -176,9 +176,10 @@ class EmbeddingOptimizer:
 
     def to_tpu(self) -> Any:
         """The `tf.tpu.experimental.embedding` twin with identical values."""
-        return self.tpu_twin()(
+        twin = self.tpu_twin()(
             **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         )
+        return protobuf_safe(twin)
 
     def get_config(self) -> dict[str, Any]:
         config = {
@@ -200,3 +201,21 @@ class EmbeddingOptimizer:
                 config["learning_rate"]
             )
         return cls(**config)
+
+
+def protobuf_safe(optimizer: Any) -> Any:
+    """`optimizer` with its packing status as the enum TF writes to a proto.
+
+    Under TPUStrategy, TF 2.20/2.21 copy `low_dimensional_packing_status`
+    (a bool, default False) straight into an enum field of the engine's
+    `OptimizationParameters` (`tpu_embedding_v2_utils.py`,
+    `_Optimizer._set_optimization_parameters`). protobuf 5.29 and newer
+    refuse a bool there ("Expected an int, got a boolean"), so the
+    `TPUEmbedding` build would fail at the first step. The enum value of
+    the same meaning (UNSPECIFIED = 0 for False, ENABLED = 1 for True)
+    is accepted by every protobuf. Changes the object in place.
+    """
+    status = getattr(optimizer, "low_dimensional_packing_status", None)
+    if isinstance(status, bool):
+        optimizer.low_dimensional_packing_status = int(status)
+    return optimizer
