@@ -67,11 +67,24 @@ class _Member:
 
 @dataclasses.dataclass
 class _Step:
-    """The engine's work in one traced step: one enqueue, one dequeue."""
+    """The engine's work in one traced step of one replica: one enqueue,
+    one dequeue."""
 
     name: str
     activations: dict[str, Tensor]
     served: set[str] = dataclasses.field(default_factory=set)
+
+
+def _replica_id() -> int:
+    """The replica whose function is being traced.
+
+    `TPUStrategy` traces the replica function once for all cores; replicas
+    that trace one function each (`MirroredStrategy`, the emulated TPU)
+    each need their own enqueue and dequeue in the same graph.
+    """
+    context = tf.distribute.get_replica_context()
+    replica = getattr(context, "_replica_id_in_sync_group", 0)
+    return replica if isinstance(replica, int) else 0
 
 
 _ENGINES: weakref.WeakKeyDictionary[Any, SharedEngine] = (
@@ -103,7 +116,8 @@ class SharedEngine:
         self._table_owner: dict[str, str] = {}
         self._pipeline: bool | None = None
         self._mid_level: Any = None
-        self._steps: weakref.WeakKeyDictionary[Any, _Step] = (
+        # graph -> replica id -> that replica's step in the graph.
+        self._steps: weakref.WeakKeyDictionary[Any, dict[int, _Step]] = (
             weakref.WeakKeyDictionary()
         )
         self._step_count = 0
@@ -262,10 +276,11 @@ class SharedEngine:
                 "strategy.run, not eagerly."
             )
         graph = tf.compat.v1.get_default_graph()
-        step = self._steps.get(graph)
+        replicas = self._steps.setdefault(graph, {})
+        step = replicas.get(_replica_id())
         if step is None:
             step = self._start_step(member, features)
-            self._steps[graph] = step
+            replicas[_replica_id()] = step
         if member.name in step.served:
             raise RuntimeError(
                 f"Layer '{member.name}' is called twice in one step. The TPU "
@@ -345,7 +360,12 @@ class SharedEngine:
         for member in self._members:
             step = member.step.value
             if member.counts_step:
-                counts.append(step.assign_add(1).read_value())
+                # Under a replicated strategy the step (aggregation
+                # "only_first_replica") is added to in a merge call that
+                # returns a plain tensor, which has no `read_value`.
+                counted = step.assign_add(1)
+                with tf.control_dependencies([counted]):
+                    counts.append(tf.identity(step.value()))
             else:
                 counts.append(step.read_value())
         return tf.add_n([tf.cast(c, tf.float32) for c in counts])
