@@ -1,0 +1,467 @@
+"""The TPU embedding engine's device ops, as CPU kernels.
+
+`tf.tpu.experimental.embedding.TPUEmbedding` talks to the chip through a
+handful of ops in `tensorflow.python.tpu.ops.tpu_ops`, looked up by name at
+each call: configure and is-initialized, the per-optimizer load and
+retrieve ops (one shard per host), the enqueue
+(`enqueue_tpu_embedding_arbitrary_tensor_batch`), the dequeue
+(`recv_tpu_embedding_activations`) and `send_tpu_embedding_gradients`.
+`EmulatedChip.install` replaces exactly those names while an emulation is
+active; every line of `TPUEmbedding` around them is TensorFlow's own.
+
+What the chip does is what the ops' documentation says the engine does:
+
+- it holds each table of the configuration proto, with the slots of the
+  table's optimizer, and takes and gives them back one host shard at a
+  time (host `i` of `n` holds a contiguous block of rows, the first
+  `rows % n` hosts one row more: TF's sharded variable creator);
+- an enqueue records each replica's ids, row splits or sample indices and
+  weights; only one of sparse or ragged inputs may be in one call;
+- the dequeue combines the rows of each output cell with the table's
+  combiner (`sum`, `mean`, `sqrtn`) into the per-replica output shape of
+  the feature descriptor; sequence features put one id per cell and drop
+  positions past the sequence length;
+- sending gradients hands every replica's row gradients to one merge call
+  (the chip is shared by all cores), which sums them per distinct row over
+  the global batch and applies the table's optimizer once
+  (`engine_rules.step`).
+
+Ids outside `[0, vocabulary_size)` fail at run time: the engine has no
+rule for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+from typing import Callable
+
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.testing import engine_rules
+from keras_tpu_embed.types import Tensor
+
+from tensorflow.core.protobuf.tpu import (  # isort: skip
+    tpu_embedding_configuration_pb2 as config_pb2,
+)
+from tensorflow.python.distribute import distribute_lib  # isort: skip
+from tensorflow.python.ops import resource_variable_ops  # isort: skip
+from tensorflow.python.tpu.ops import tpu_ops  # isort: skip
+
+
+@dataclasses.dataclass
+class _Table:
+    name: str
+    vocabulary_size: int
+    dim: int
+    parameters: Any  # OptimizationParameters proto
+    kind: str
+    variables: dict[str, Any]  # "parameters" and slot names -> variable
+
+
+@dataclasses.dataclass
+class _Enqueued:
+    ids: list[Tensor]
+    positions: list[Tensor | None]  # sample indices or row splits
+    kinds: list[str]  # "dense", "sparse", "ragged"
+    weights: list[Tensor | None]
+    combiners: list[str]
+    cells: list[Tensor] = dataclasses.field(default_factory=list)
+    scales: list[Tensor] = dataclasses.field(default_factory=list)
+
+
+def shard_rows(rows: int, num_shards: int, shard_id: int) -> tuple[int, int]:
+    """Rows `[start, end)` of host `shard_id`, as TF's sharded creator cuts."""
+    base, extra = divmod(rows, num_shards)
+    start = shard_id * base + min(shard_id, extra)
+    return start, start + base + (1 if shard_id < extra else 0)
+
+
+class EmulatedChip:
+    """The embedding memory and ops of one emulated TPU system."""
+
+    def __init__(self) -> None:
+        self.config: Any = None
+        self.tables: list[_Table] = []
+        self._enqueued: dict[tuple[int, int], _Enqueued] = {}
+        self._lock = threading.Lock()
+        self.steps_applied = 0
+
+    # ------------------------------------------------------------ install
+
+    def install(self) -> Callable[[], None]:
+        """Replaces TF's chip ops with this chip's; returns the undo."""
+        replaced: dict[str, Any] = {
+            "is_tpu_embedding_initialized": self.is_initialized,
+            "configure_tpu_embedding": self.configure,
+            "enqueue_tpu_embedding_arbitrary_tensor_batch": self.enqueue,
+            "recv_tpu_embedding_activations": self.recv_activations,
+            "send_tpu_embedding_gradients": self.send_gradients,
+        }
+        for kind in engine_rules.SLOT_NAMES:
+            replaced[f"load_tpu_embedding_{kind}_parameters"] = self._loader()
+            replaced[f"retrieve_tpu_embedding_{kind}_parameters"] = (
+                self._retriever()
+            )
+        saved = {name: getattr(tpu_ops, name) for name in replaced}
+        for name, op in replaced.items():
+            setattr(tpu_ops, name, op)
+
+        def undo() -> None:
+            for name, op in saved.items():
+                setattr(tpu_ops, name, op)
+
+        return undo
+
+    # ------------------------------------------------------------- system
+
+    def is_initialized(self, name: str | None = None) -> Tensor:
+        return tf.constant(self.config is not None)
+
+    def configure(self, config: bytes, name: str | None = None) -> Any:
+        """Allocates every table of the proto (once per TPU system)."""
+        if self.config is not None:
+            raise RuntimeError(
+                "TPU is already initialized for embeddings (emulated chip)."
+            )
+        proto = config_pb2.TPUEmbeddingConfiguration()
+        proto.ParseFromString(config)
+        self.config = proto
+        with tf.init_scope(), tf.device("/cpu:0"):
+            for table in proto.table_descriptor:
+                parameters = table.optimization_parameters
+                kind = engine_rules.optimizer_kind(parameters)
+                shape = (table.vocabulary_size, table.dimension)
+                variables = {
+                    name: resource_variable_ops.ResourceVariable(
+                        tf.zeros(shape, tf.float32),
+                        trainable=False,
+                        name=f"emulated_chip/{table.name}/{name}",
+                    )
+                    for name in ("parameters",) + engine_rules.SLOT_NAMES[kind]
+                }
+                self.tables.append(
+                    _Table(
+                        name=table.name,
+                        vocabulary_size=table.vocabulary_size,
+                        dim=table.dimension,
+                        parameters=parameters,
+                        kind=kind,
+                        variables=variables,
+                    )
+                )
+        return tf.no_op()
+
+    def _table(self, name: str) -> _Table:
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise KeyError(f"emulated chip: no table named {name!r}")
+
+    def _loader(self) -> Callable[..., Any]:
+        def load(
+            *,
+            table_name: str,
+            num_shards: int,
+            shard_id: int,
+            config: Any = None,
+            table_id: int = -1,
+            name: str | None = None,
+            **values: Tensor,
+        ) -> Any:
+            table = self._table(table_name)
+            start, end = shard_rows(table.vocabulary_size, num_shards, shard_id)
+            rows = tf.range(start, end)
+            ops = [
+                table.variables[slot].scatter_update(
+                    tf.IndexedSlices(tf.convert_to_tensor(value), rows)
+                )
+                for slot, value in values.items()
+            ]
+            with tf.control_dependencies(ops):
+                return tf.no_op()
+
+        return load
+
+    def _retriever(self) -> Callable[..., Any]:
+        def retrieve(
+            *,
+            table_name: str,
+            num_shards: int,
+            shard_id: int,
+            config: Any = None,
+            table_id: int = -1,
+            name: str | None = None,
+        ) -> Any:
+            table = self._table(table_name)
+            start, end = shard_rows(table.vocabulary_size, num_shards, shard_id)
+            values = tuple(
+                table.variables[slot][start:end]
+                for slot in ("parameters",)
+                + engine_rules.SLOT_NAMES[table.kind]
+            )
+            return values if len(values) > 1 else values[0]
+
+        return retrieve
+
+    # --------------------------------------------------------------- step
+
+    @staticmethod
+    def _replica_key() -> tuple[int, int]:
+        context = distribute_lib.get_replica_context()
+        replica = getattr(context, "_replica_id_in_sync_group", 0)
+        graph = tf.compat.v1.get_default_graph()
+        return id(graph), int(replica)
+
+    def enqueue(
+        self,
+        sample_indices_or_row_splits: list[Tensor],
+        embedding_indices: list[Tensor],
+        aggregation_weights: list[Tensor],
+        mode_override: Any,
+        device_ordinal: int = -1,
+        combiners: list[str] | None = None,
+        name: str | None = None,
+    ) -> Any:
+        """Records one replica's batch for the dequeue of this step."""
+        kinds = []
+        for positions in sample_indices_or_row_splits:
+            if positions.shape.rank == 2:
+                kinds.append("sparse")
+            elif positions.shape.num_elements() == 0:
+                kinds.append("dense")
+            else:
+                kinds.append("ragged")
+        if "sparse" in kinds and "ragged" in kinds:
+            raise ValueError(
+                "emulated chip: one enqueue mixes SparseTensor and "
+                "RaggedTensor features; the TPU embedding enqueue takes "
+                "one kind per call."
+            )
+        weights = [
+            None if w.shape.num_elements() == 0 else w
+            for w in aggregation_weights
+        ]
+        with self._lock:
+            key = self._replica_key()
+            if key in self._enqueued:
+                raise RuntimeError(
+                    "emulated chip: a second enqueue in one step of one "
+                    "replica; the engine is fed once per step."
+                )
+            self._enqueued[key] = _Enqueued(
+                ids=[tf.cast(i, tf.int64) for i in embedding_indices],
+                positions=[
+                    None if kind == "dense" else p
+                    for kind, p in zip(kinds, sample_indices_or_row_splits)
+                ],
+                kinds=kinds,
+                weights=weights,
+                combiners=list(combiners or []),
+            )
+        return tf.no_op()
+
+    def _features(self) -> list[tuple[int, _Table, list[int]]]:
+        return [
+            (f.table_id, self.tables[f.table_id], list(f.input_shape))
+            for f in self.config.feature_descriptor
+        ]
+
+    def recv_activations(
+        self, num_outputs: int, config: Any = None, name: str | None = None
+    ) -> list[Tensor]:
+        key = self._replica_key()
+        batch = self._enqueued.get(key)
+        if batch is None:
+            raise RuntimeError(
+                "emulated chip: dequeue without an enqueue in this step"
+            )
+        outputs = []
+        for index, (table_id, table, shape) in enumerate(self._features()):
+            cells, scale = _cells_and_scales(
+                batch, index, shape, batch.combiners[table_id]
+            )
+            batch.cells.append(cells)
+            batch.scales.append(scale)
+            ids = _checked_ids(batch.ids[index], table)
+            rows = tf.gather(table.variables["parameters"], ids)
+            num_cells = _product(shape)
+            combined = tf.math.unsorted_segment_sum(
+                rows * scale[:, tf.newaxis], cells, num_cells
+            )
+            outputs.append(tf.reshape(combined, shape + [table.dim]))
+        if len(outputs) != num_outputs:
+            raise ValueError(
+                f"emulated chip: {num_outputs} outputs asked, the "
+                f"configuration has {len(outputs)} features"
+            )
+        return outputs
+
+    def send_gradients(
+        self,
+        inputs: list[Tensor],
+        learning_rates: list[Tensor],
+        config: Any = None,
+        name: str | None = None,
+    ) -> Any:
+        """Row gradients of this replica, applied once for all replicas."""
+        key = self._replica_key()
+        batch = self._enqueued.pop(key, None)
+        if batch is None or len(batch.cells) != len(inputs):
+            raise RuntimeError(
+                "emulated chip: gradients sent without a dequeue in this step"
+            )
+        per_table: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        for index, (_, table, _) in enumerate(self._features()):
+            gradient = tf.reshape(inputs[index], [-1, table.dim])
+            rows = tf.gather(gradient, batch.cells[index])
+            rows = rows * batch.scales[index][:, tf.newaxis]
+            ids = _checked_ids(batch.ids[index], table)
+            per_table.setdefault(table.name, []).append((ids, rows))
+        payload = {
+            name: (
+                tf.concat([ids for ids, _ in parts], 0),
+                tf.concat([rows for _, rows in parts], 0),
+            )
+            for name, parts in per_table.items()
+        }
+        rates = [tf.cast(r, tf.float32) for r in learning_rates]
+        context = distribute_lib.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return self._apply({n: [p] for n, p in payload.items()}, rates)
+
+        def merge(strategy: Any, payload: Any, rates: Any) -> Any:
+            local = strategy.experimental_local_results
+            gathered = {
+                name: list(
+                    zip(local(value[0]), local(value[1]))  # ids, rows
+                )
+                for name, value in payload.items()
+            }
+            first_rates = [local(r)[0] for r in rates]
+            return self._apply(gathered, first_rates)
+
+        return context.merge_call(merge, args=(payload, rates))
+
+    def _apply(
+        self,
+        gathered: dict[str, list[tuple[Tensor, Tensor]]],
+        rates: list[Tensor],
+    ) -> Any:
+        updates = []
+        for table in self.tables:
+            parts = gathered.get(table.name)
+            if not parts:
+                continue
+            ids = tf.concat([ids for ids, _ in parts], 0)
+            rows = tf.concat([rows for _, rows in parts], 0)
+            updates += _apply_table(table, ids, rows, rates)
+        with tf.control_dependencies(updates):
+            return tf.no_op()
+
+
+def _product(shape: list[int]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+def _checked_ids(ids: Tensor, table: _Table) -> Tensor:
+    in_range = tf.reduce_all(
+        tf.logical_and(ids >= 0, ids < table.vocabulary_size)
+    )
+    check = tf.debugging.Assert(
+        in_range,
+        [
+            f"emulated chip: an id outside [0, {table.vocabulary_size}) "
+            f"reached table '{table.name}'; the engine has no rule for it",
+        ],
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(ids)
+
+
+def _cells_and_scales(
+    batch: _Enqueued, index: int, shape: list[int], combiner: str
+) -> tuple[Tensor, Tensor]:
+    """Each id's output cell (flat) and its weight over the normalizer.
+
+    Ids past a sequence feature's length are truncated: their weight is 0.
+    """
+    ids = batch.ids[index]
+    count = tf.shape(ids, out_type=tf.int64)[0]
+    kind = batch.kinds[index]
+    positions = batch.positions[index]
+    sequence = len(shape) > 1
+    length = shape[-1] if sequence else 1
+    if kind == "dense":
+        cells = tf.range(count)
+    elif kind == "sparse":
+        indices = tf.cast(positions, tf.int64)
+        if sequence:
+            cells = indices[:, 0] * length + indices[:, 1]
+            cells = tf.where(indices[:, 1] < length, cells, -1)
+        else:
+            cells = indices[:, 0]
+    else:
+        splits = tf.cast(positions, tf.int64)
+        rows = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
+        if sequence:
+            position = tf.range(count) - tf.gather(splits, rows)
+            cells = tf.where(position < length, rows * length + position, -1)
+        else:
+            cells = rows
+    weights = batch.weights[index]
+    weights = tf.ones([count]) if weights is None else weights
+    weights = tf.where(cells >= 0, weights, 0.0)
+    num_cells = _product(shape)
+    safe_cells = tf.maximum(cells, 0)
+    if combiner == "sum":
+        scale = weights
+    elif combiner == "mean":
+        total = tf.math.unsorted_segment_sum(weights, safe_cells, num_cells)
+        scale = tf.math.divide_no_nan(weights, tf.gather(total, safe_cells))
+    else:
+        total = tf.math.unsorted_segment_sum(
+            weights * weights, safe_cells, num_cells
+        )
+        scale = tf.math.divide_no_nan(
+            weights, tf.sqrt(tf.gather(total, safe_cells))
+        )
+    return safe_cells, scale
+
+
+def _apply_table(
+    table: _Table, ids: Tensor, rows: Tensor, rates: list[Tensor]
+) -> list[Any]:
+    parameters = table.parameters
+    rate = engine_rules.learning_rate(parameters, rates)
+    unique, slot_of = tf.unique(ids)
+    gradient = tf.math.unsorted_segment_sum(rows, slot_of, tf.shape(unique)[0])
+    variables = table.variables
+    names = ("parameters",) + engine_rules.SLOT_NAMES[table.kind]
+    dense = table.kind == "adam" and parameters.adam.use_non_lazy_adam
+    if dense:
+        gradient = tf.scatter_nd(
+            unique[:, tf.newaxis],
+            gradient,
+            tf.constant([table.vocabulary_size, table.dim], tf.int64),
+        )
+        old = {n: variables[n].read_value() for n in names}
+    else:
+        old = {n: tf.gather(variables[n], unique) for n in names}
+    new_rows, new_slots = engine_rules.step(
+        parameters,
+        old["parameters"],
+        {n: old[n] for n in names[1:]},
+        gradient,
+        rate,
+    )
+    new = {"parameters": new_rows, **new_slots}
+    if dense:
+        return [variables[n].assign(new[n]) for n in names]
+    return [
+        variables[n].scatter_update(tf.IndexedSlices(new[n], unique))
+        for n in names
+    ]

@@ -1,0 +1,304 @@
+"""`emulated_tpu`: a TPU system on CPU devices, for tests and CI.
+
+No TPU is needed to run a model's TPU code path: under
+`emulated_tpu(num_replicas, embedding_feature=...)` the layers see a
+`tf.distribute.TPUStrategy` with that hardware and take exactly the branch
+they take on a TPU VM. What runs is TensorFlow's own code wherever the
+real system runs code off the TPU chip:
+
+- `tf.tpu.experimental.embedding.TPUEmbedding` itself: its config checks,
+  its configuration proto, its lazy variable creation with one shard per
+  host (`make_sharded_variable_creator`, `shard_info`), its checkpoint
+  hooks that retrieve tables before a save and load them after a restore,
+  and its enqueue rules (inputs on the host, direct inputs of the step,
+  output shapes);
+- the replicas are `MirroredStrategy` replicas of `tf.distribute` (merge
+  calls, mirrored variables and their aggregation), inside a replicate
+  context that TF's enqueue recognizes as a TPU computation, with each
+  input of the step marked as a direct input as `tpu.replicate` marks it;
+- Keras treats the strategy as a TPUStrategy (loss reduction, predict
+  output order).
+
+Only the chip is replaced (`emulated_chip.py`): the engine's device ops run
+as CPU kernels that combine rows and apply the optimizer of TF's config
+proto (`engine_rules.py`).
+
+What the emulation cannot tell you: XLA's lowering for TPU, the chip's own
+numerics and speed, the real input pipeline of a TPU host, and a real
+multi-host pod (hosts are emulated by several logical CPUs of one
+process). `examples/tpu_smoke.py` is the run to do on a TPU VM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+from typing import Iterator
+from typing import Literal
+
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.testing.emulated_chip import EmulatedChip
+
+from tensorflow.core.framework import attr_value_pb2  # isort: skip
+from tensorflow.python.distribute import mirrored_strategy  # isort: skip
+from tensorflow.python.distribute import tpu_strategy  # isort: skip
+from tensorflow.python.framework import ops  # isort: skip
+from tensorflow.python.ops import control_flow_ops  # isort: skip
+from tensorflow.python.tpu import tpu_replication  # isort: skip
+
+EmbeddingFeature = Literal["V1", "V2", "UNSUPPORTED"]
+EMBEDDING_FEATURES: tuple[str, ...] = ("V1", "V2", "UNSUPPORTED")
+
+
+class _ReplicateContext(tpu_replication.TPUReplicateContext):  # type: ignore[misc]
+    """Marks the replica function as a TPU computation, changing no op.
+
+    TF's enqueue asks the graph for a `TPUReplicateContext` to know that it
+    runs inside `strategy.run` (and then moves itself to the host with
+    outside compilation). The real context also rewrites every op for XLA
+    on the TPU, which cannot run on a CPU: this one keeps the base XLA
+    context's no-op bookkeeping.
+    """
+
+    def __init__(self, name: str, num_replicas: int) -> None:
+        control_flow_ops.XLAControlFlowContext.__init__(self)
+        self._name = name
+        self._num_replicas = num_replicas
+        self._outside_compilation_counter = 0
+        self._outside_compilation_cluster = None
+        self._is_map_outside_compilation = False
+        self._gradient_colocation_stack: list[Any] = []
+        self._in_gradient_colocation = None
+        self._host_compute_core: list[Any] = []
+        self._outer_device_function_stack = None
+        self._oc_dev_fn_stack = None
+        self._outside_compilation_v2_context = None
+
+    def AddOp(self, op: Any) -> None:  # noqa: N802 - TF's name
+        if self._outer_context:
+            self._outer_context.AddInnerOp(op)
+
+    def AddValue(self, val: Any) -> Any:  # noqa: N802
+        return val
+
+    def AddInnerOp(self, op: Any) -> None:  # noqa: N802
+        self.AddOp(op)
+
+    def EnterGradientColocation(self, op: Any, gradient_uid: Any) -> None:  # noqa: N802
+        pass
+
+    def ExitGradientColocation(self, op: Any, gradient_uid: Any) -> None:  # noqa: N802
+        pass
+
+    def _EnterOutsideCompilationScope(self, **kwargs: Any) -> None:  # noqa: N802
+        pass
+
+    def _ExitOutsideCompilationScope(self) -> None:  # noqa: N802
+        pass
+
+    def report_unsupported_operations(self) -> None:
+        pass
+
+
+def _mark_direct_input(value: Any) -> Any:
+    """What `tpu.replicate` does to each input: an identity, marked."""
+    if not isinstance(value, tf.Tensor) or tf.executing_eagerly():
+        return value
+    marked = tf.identity(value)
+    marked.op._set_attr("_tpu_input_identity", attr_value_pb2.AttrValue(b=True))
+    return marked
+
+
+class _HardwareFeature:
+    def __init__(self, embedding_feature: str) -> None:
+        kinds = tf.tpu.experimental.HardwareFeature.EmbeddingFeature
+        self.embedding_feature = getattr(kinds, embedding_feature)
+        # SparseCores per chip on v5p / v6e.
+        self.num_embedding_devices_per_chip = 4
+
+
+class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[misc]
+    def __init__(
+        self,
+        container: Any,
+        devices: list[str],
+        num_hosts: int,
+        embedding_feature: str,
+    ) -> None:
+        super().__init__(container, devices=devices)
+        self._emulated_num_hosts = num_hosts
+        self._hardware_feature = _HardwareFeature(embedding_feature)
+        # The TPU step has static shapes (TPUExtended says the same).
+        self._require_static_shapes = True
+
+    @property
+    def num_hosts(self) -> int:
+        return self._emulated_num_hosts
+
+    @property
+    def num_replicas_per_host(self) -> int:
+        return len(self.worker_devices) // self._emulated_num_hosts
+
+    @property
+    def tpu_hardware_feature(self) -> _HardwareFeature:
+        return self._hardware_feature
+
+    def tpu_run(self, fn: Any, args: Any, kwargs: Any, options: Any) -> Any:
+        def replica_fn(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = tf.nest.map_structure(
+                _mark_direct_input, (args, kwargs), expand_composites=True
+            )
+            return fn(*args, **kwargs)
+
+        graph = ops.get_default_graph()
+        if tf.executing_eagerly():
+            return self.call_for_each_replica(replica_fn, args, kwargs)
+        outer = graph._get_control_flow_context()
+        context = _ReplicateContext(
+            graph.unique_name("emulated_tpu_cluster"),
+            self._num_replicas_in_sync,
+        )
+        context._outer_context = outer
+        graph._set_control_flow_context(context)
+        try:
+            return self.call_for_each_replica(replica_fn, args, kwargs)
+        finally:
+            graph._set_control_flow_context(outer)
+
+
+class EmulatedTPUStrategy(tpu_strategy.TPUStrategyV2):  # type: ignore[misc]
+    """A `tf.distribute.TPUStrategy` whose TPU system is emulated on CPUs.
+
+    Build it with `emulated_tpu`, which also installs the emulated chip.
+    """
+
+    def __init__(
+        self, devices: list[str], num_hosts: int, embedding_feature: str
+    ) -> None:
+        # MirroredExtended reads this from its container (MirroredStrategy
+        # sets it the same way).
+        self._collective_key_base = id(self)
+        extended = _EmulatedTPUExtended(
+            self, devices, num_hosts, embedding_feature
+        )
+        tf.distribute.Strategy.__init__(self, extended)
+        self._enable_packed_variable_in_eager_mode = False
+        self.embedding_feature = embedding_feature
+
+
+def _cpu_devices(count: int) -> list[str]:
+    """`count` logical CPU devices, configured here when TF has not started."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    configured = tf.config.get_logical_device_configuration(cpu) or []
+    if len(configured) < count:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu,
+                [tf.config.LogicalDeviceConfiguration()] * count,
+            )
+        except RuntimeError:
+            pass
+    devices = tf.config.list_logical_devices("CPU")
+    if len(devices) < count:
+        raise RuntimeError(
+            f"emulated_tpu(num_replicas={count}) needs {count} logical CPU "
+            f"devices, but TensorFlow already started with {len(devices)}. "
+            "Enter emulated_tpu before TensorFlow runs anything in the "
+            "process (a fresh process, e.g. a subprocess per test), or "
+            "split the CPU yourself first: tf.config."
+            "set_logical_device_configuration(tf.config.list_physical_"
+            f"devices('CPU')[0], [tf.config.LogicalDeviceConfiguration()] "
+            f"* {count})."
+        )
+    return [device.name for device in devices[:count]]
+
+
+@contextlib.contextmanager
+def emulated_tpu(
+    num_replicas: int = 2,
+    num_hosts: int = 1,
+    embedding_feature: EmbeddingFeature = "V1",
+) -> Iterator[EmulatedTPUStrategy]:
+    """A TPU system emulated on CPU devices; yields its `TPUStrategy`.
+
+    Under it, `keras_tpu_embed` layers built in `strategy.scope()` take the
+    code path of that TPU: the embedding engine
+    (`tf.tpu.experimental.embedding.TPUEmbedding`) for `"V1"`, the
+    tensor-core fallback for `"UNSUPPORTED"` (a TPU without an engine, such
+    as v5e). TF's own mid-level API runs everywhere off the chip; only the
+    chip's embedding ops are CPU kernels. Leaving the block shuts the
+    emulated system down.
+
+    Args:
+        num_replicas: TPU cores (replicas), >= 1. Each is a logical CPU
+            device; they are configured here when TensorFlow has not
+            started yet in this process.
+        num_hosts: Hosts of the emulated pod slice, dividing
+            `num_replicas`. Only 1 is emulated today: a pod's hosts need
+            one TF server per host.
+        embedding_feature: TF's name for the hardware:
+            `tf.tpu.experimental.HardwareFeature.EmbeddingFeature` `"V1"`,
+            `"V2"` (SparseCore) or `"UNSUPPORTED"`.
+
+    Yields:
+        The strategy: use it as a `TPUStrategy`.
+
+    Raises:
+        ValueError: a bad argument, named.
+        RuntimeError: TensorFlow already runs with too few CPU devices.
+        NotImplementedError: `"V2"` or several hosts, not emulated yet.
+
+    Example:
+
+    ```python
+    with kte.testing.emulated_tpu(num_replicas=2) as strategy:
+        with strategy.scope():
+            model = ...  # with kte.TPUEmbeddingLayer
+            model.compile(...)
+        model.fit(kte.distribute_dataset(strategy, dataset), epochs=1)
+    ```
+    """
+    if (
+        isinstance(num_replicas, bool)
+        or not isinstance(num_replicas, int)
+        or num_replicas < 1
+    ):
+        raise ValueError(
+            "`num_replicas` must be a positive int. Received: "
+            f"num_replicas={num_replicas!r}"
+        )
+    if (
+        isinstance(num_hosts, bool)
+        or not isinstance(num_hosts, int)
+        or num_hosts < 1
+        or num_replicas % num_hosts
+    ):
+        raise ValueError(
+            "`num_hosts` must be a positive int dividing num_replicas="
+            f"{num_replicas}. Received: num_hosts={num_hosts!r}"
+        )
+    if embedding_feature not in EMBEDDING_FEATURES:
+        raise ValueError(
+            "Invalid value for argument `embedding_feature`. Expected one of "
+            f"{EMBEDDING_FEATURES}. Received: "
+            f"embedding_feature={embedding_feature!r}"
+        )
+    if embedding_feature == "V2":
+        raise NotImplementedError(
+            "emulated_tpu(embedding_feature='V2'): SparseCore "
+            "(TPUEmbeddingV2) is not emulated in this release."
+        )
+    if num_hosts > 1:
+        raise NotImplementedError(
+            f"emulated_tpu(num_hosts={num_hosts}): only one host is "
+            "emulated in this release."
+        )
+    devices = _cpu_devices(num_replicas)
+    chip = EmulatedChip()
+    undo = chip.install()
+    try:
+        strategy = EmulatedTPUStrategy(devices, num_hosts, embedding_feature)
+        strategy.emulated_chip = chip
+        yield strategy
+    finally:
+        undo()
