@@ -110,6 +110,22 @@ def test_numpy_lookup_is_tf_safe_embedding_lookup(combiner):
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_numpy_lookup_unsafe_is_tf_embedding_lookup_sparse(combiner):
+    """Unsafe: non-positive weights kept, a zero total gives zeros."""
+    table = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
+    batch = [[(1, 2.0), (4, -0.5)], [(2, -1.0), (3, 1.0)], [(5, 0.0)]]
+    ids = tf.ragged.constant(
+        [[i for i, _ in row] for row in batch], dtype=tf.int64
+    )
+    weights = tf.ragged.constant([[w for _, w in row] for row in batch])
+    want = tf.nn.embedding_lookup_sparse(
+        table, ids.to_sparse(), weights.to_sparse(), combiner=combiner
+    )
+    got = testing.numpy_lookup(table, batch, combiner, False, 0)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_numpy_table_gradient_is_tf_autodiff(combiner):
     ids = testing.BATCHES[2]
     upstream = np.random.default_rng(1).normal(size=(3, 2))
