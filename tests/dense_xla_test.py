@@ -163,8 +163,31 @@ def test_xla_training_equals_host_training(optimizer):
     core_model.compile(keras.optimizers.SGD(0.1), "mse", jit_compile=True)
     assert core_model.jit_compile  # Keras kept XLA on: the step compiles
     dataset = tf.data.Dataset.from_tensors((features, labels)).repeat(4)
+
+    def state(layer, table):
+        slots = layer.slot_variables(table.name)
+        return {
+            table.name: layer.table_variable(table.name).numpy(),
+            **{f"{table.name}/{k}": v.numpy() for k, v in slots.items()},
+        }
+
+    initial = {
+        k: v
+        for h in host
+        for t in h.table_specs
+        for k, v in state(h, t).items()
+    }
     host_model.fit(dataset, verbose=0)
     core_model.fit(dataset, verbose=0)
+    # Equal untrained tables would compare equal: every table and slot moved.
+    trained = {
+        k: v
+        for h in host
+        for t in h.table_specs
+        for k, v in state(h, t).items()
+    }
+    unmoved = [k for k in trained if np.array_equal(trained[k], initial[k])]
+    assert unmoved == [], unmoved
     for h, c in zip(host, core):
         assert int(c.embedding_step.numpy()) == 4
         for table in h.table_specs:
