@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from keras_tpu_embed import quantization
 from tests import testing
 
 
@@ -347,13 +348,24 @@ def test_checked_signatures_keep_the_signature_attributes(tmp_path):
 
 @pytest.mark.parametrize("table_dtype", ["float32", "bfloat16", "int8"])
 def test_loaded_export_says_how_its_tables_are_stored(tmp_path, table_dtype):
+    model = _model()
     path = kte.export_saved_model(
-        _model(), str(tmp_path / "e"), table_dtype=table_dtype
+        model, str(tmp_path / "e"), table_dtype=table_dtype
     )
     loaded = kte.load_saved_model(path)
     assert loaded.table_dtype == table_dtype
     out = loaded.serve(item=np.array([[1, 2]], np.int64))
-    assert next(iter(out.values())).shape == (1, 1)
+    # The served value is the model's on its tables stored as said.
+    table = model.layers[1].table_variable("item").numpy()
+    stored = quantization.dequantize_rows(
+        *quantization.quantize_rows(table, table_dtype, "item")
+    ).numpy()
+    kernel, bias = (w.numpy() for w in model.layers[-1].weights)
+    want = stored[[1, 2]].mean(axis=0, keepdims=True) @ kernel + bias
+    np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-5)
+    if table_dtype != "float32":  # and not the float32 tables
+        exact = table[[1, 2]].mean(axis=0, keepdims=True) @ kernel + bias
+        assert not np.allclose(want, exact, rtol=1e-6, atol=0)
 
 
 def test_an_export_without_the_record_has_float32_tables(tmp_path):
