@@ -222,6 +222,9 @@ def test_subclassed_model_without_training_argument_trains_tables():
         model.evaluate(x, y, verbose=0)
         np.testing.assert_array_equal(layer.table_variable("i"), before)
         model.fit(x, y, epochs=2, verbose=0)
+        # Both paths must train: equal untrained tables would compare equal.
+        moved = layer.table_variable("i").numpy() != before
+        assert moved[[1, 2]].all() and not moved[[0, 3]].any()
         return layer
 
     class Ranker(keras.Model):

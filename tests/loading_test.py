@@ -4,6 +4,7 @@ import collections
 import copy
 import glob
 import os
+import re
 import shutil
 
 import keras
@@ -12,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from keras_tpu_embed import quantization
 from tests import testing
 
 
@@ -197,6 +199,35 @@ def _sweep_model():
 
 
 FLIPS_PER_ARTEFACT = 20
+README = os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md")
+
+
+def _readme_sweep_figures():
+    """The README's damage sweep table as {(kind, outcome): count}, and the
+    (TensorFlow, Keras) versions its figures were taken on."""
+    text = open(README).read()
+    versions = re.search(
+        r"Figures on TensorFlow ([0-9.]+) / Keras ([0-9.]+):", text
+    )
+    assert versions, "README.md lost the damage sweep's versions"
+    kinds = {
+        "SavedModel": "savedmodel",
+        "`.keras`": "keras",
+        "`.weights.h5`": "weights.h5",
+        "checkpoint by `save`": "checkpoint save",
+        "checkpoint by `write`": "checkpoint write",
+    }
+    outcomes = ("refused, naming the file", "same values", "CHANGED")
+    table = text[versions.end() :].split("\n\n")[1]
+    stated = {}
+    for line in table.splitlines()[2:]:
+        artefact, *counts = [c.strip() for c in line.strip("|").split("|")]
+        kind = kinds[artefact.split(" (")[0]]
+        for outcome, count in zip(outcomes, counts, strict=True):
+            if int(count):
+                stated[kind, outcome] = int(count)
+    assert {kind for kind, _ in stated} == set(kinds.values()), table
+    return stated, versions.groups()
 
 
 def test_damage_sweep(tmp_path):
@@ -248,10 +279,26 @@ def test_damage_sweep(tmp_path):
         shutil.copy(source, target)
         return target, [target]
 
+    serving = {
+        tuple(w.shape): w.numpy() for w in testing.serving_weights(model)
+    }
+    every_id = np.arange(50, dtype=np.int64)[:, np.newaxis]
+    served = model.predict_on_batch({"item": every_id})
+
+    def same_served(loaded):
+        # The export keeps the serving weights only (no slots), each once.
+        held = [v.numpy() for v in loaded.variables_read]
+        return (
+            sorted(serving) == sorted(v.shape for v in held)
+            and all(np.array_equal(serving[v.shape], v) for v in held)
+            and np.array_equal(
+                next(iter(loaded.serve(item=every_id).values())), served
+            )
+        )
+
     def load(kind, path):
         if kind == "savedmodel":
-            kte.load_saved_model(path)
-            return True
+            return same_served(kte.load_saved_model(path))
         if kind == "keras":
             return same(kte.load_model(path))
         fresh = _sweep_model()
@@ -279,6 +326,16 @@ def test_damage_sweep(tmp_path):
     print(dict(outcomes))
     changed = {k: v for k, v in outcomes.items() if k[1] == "CHANGED"}
     assert set(kind for kind, _ in changed) <= {"weights.h5"}, outcomes
+    # The README's figures are this sweep's, on the versions it names (other
+    # versions write files of other sizes, so other bytes are flipped).
+    stated, versions = _readme_sweep_figures()
+    if all(
+        v.startswith(want)
+        for v, want in zip((tf.__version__, keras.__version__), versions)
+    ):
+        assert {k: v for k, v in outcomes.items() if v} == stated, (
+            f"README's damage sweep table: {stated}, this run: {outcomes}"
+        )
 
 
 def test_checked_signatures_keep_the_signature_attributes(tmp_path):
@@ -291,13 +348,24 @@ def test_checked_signatures_keep_the_signature_attributes(tmp_path):
 
 @pytest.mark.parametrize("table_dtype", ["float32", "bfloat16", "int8"])
 def test_loaded_export_says_how_its_tables_are_stored(tmp_path, table_dtype):
+    model = _model()
     path = kte.export_saved_model(
-        _model(), str(tmp_path / "e"), table_dtype=table_dtype
+        model, str(tmp_path / "e"), table_dtype=table_dtype
     )
     loaded = kte.load_saved_model(path)
     assert loaded.table_dtype == table_dtype
     out = loaded.serve(item=np.array([[1, 2]], np.int64))
-    assert next(iter(out.values())).shape == (1, 1)
+    # The served value is the model's on its tables stored as said.
+    table = model.layers[1].table_variable("item").numpy()
+    stored = quantization.dequantize_rows(
+        *quantization.quantize_rows(table, table_dtype, "item")
+    ).numpy()
+    kernel, bias = (w.numpy() for w in model.layers[-1].weights)
+    want = stored[[1, 2]].mean(axis=0, keepdims=True) @ kernel + bias
+    np.testing.assert_allclose(next(iter(out.values())), want, rtol=1e-5)
+    if table_dtype != "float32":  # and not the float32 tables
+        exact = table[[1, 2]].mean(axis=0, keepdims=True) @ kernel + bias
+        assert not np.allclose(want, exact, rtol=1e-6, atol=0)
 
 
 def test_an_export_without_the_record_has_float32_tables(tmp_path):

@@ -27,6 +27,22 @@ def _dense(value):
     return tf.sparse.to_dense(value, tf.constant(pad, value.dtype))
 
 
+def _poison(monkeypatch, name):
+    """`padded_host.<name>` with NaN added to whatever it returns."""
+    original = getattr(padded_host, name)
+
+    def nan(value):
+        return value + tf.constant(float("nan"), value.dtype)
+
+    def poisoned(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if callable(result):  # _device_part returns the device function
+            return lambda *a: nan(result(*a))
+        return nan(result)
+
+    monkeypatch.setattr(padded_host, name, poisoned)
+
+
 @pytest.mark.parametrize("branch", ["padded", "sparse_fallback", "dense_ids"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_cpu_serving_equals_sparse_path(kind, branch, tmp_path, monkeypatch):
@@ -38,6 +54,12 @@ def test_cpu_serving_equals_sparse_path(kind, branch, tmp_path, monkeypatch):
         monkeypatch.setattr(
             padded_host, "worth_padding", lambda *_: tf.constant(False)
         )
+    # The branch not named poisons its output with NaN, so the comparison
+    # below fails unless the named branch ran.
+    poisoned = (
+        "_device_part" if branch == "sparse_fallback" else "_sparse_column"
+    )
+    _poison(monkeypatch, poisoned)
     pre = kte.FeaturePreprocessor(columns)
     layer = kte.TPUEmbeddingLayer(
         columns,

@@ -6,7 +6,8 @@ Feature-column checkpoints are written by TF's own legacy code
 TPUEstimator can run here: its checkpoints are built with the names and
 layout its sources give (see `keras_tpu_embed/warm_start.py`): the table
 as a variable partitioned over the hosts with `fixed_size_partitioner`,
-its rows in "mod" order, and the Adagrad slot `<table>/Adagrad` beside it.
+each row where TF1's own "mod" `embedding_lookup` reads it, and the Adagrad
+slot `<table>/Adagrad` beside it.
 """
 
 import numpy as np
@@ -155,24 +156,62 @@ def test_vocabulary_change_moves_rows_by_token(tmp_path):
 
 def _tpu_estimator_checkpoint(directory, logical, accumulators, num_hosts):
     """A checkpoint laid out as a TPUEstimator run with "mod" sharding
-    writes it: one variable per host (fixed_size_partitioner), host i
-    holding the ids i, i + n, ..., and the Adagrad slot beside it."""
-    order = np.concatenate(
-        [np.arange(h, len(logical), num_hosts) for h in range(num_hosts)]
-    )
+    writes it: the table and its Adagrad slot partitioned over the hosts by
+    `fixed_size_partitioner`, each row where TF1's own "mod" lookup
+    (`tf.compat.v1.nn.embedding_lookup(..., partition_strategy="mod")`)
+    reads it. The rows are placed by asking that lookup, not by the layout
+    `unshard_mod` assumes. What this cannot catch: that TPUEstimator itself
+    shards with `fixed_size_partitioner` and "mod" (its sources say so; no
+    TPUEstimator runs here)."""
     name = "input_layer/item_embedding/embedding_weights"
     with tf.Graph().as_default():
-        for variable_name, values in (
-            (name, logical),
-            (name + "/Adagrad", accumulators),
-        ):
-            V1.get_variable(
-                variable_name,
-                initializer=tf.constant(values[order]),
-                partitioner=V1.fixed_size_partitioner(num_hosts),
+        shards = {
+            variable_name: list(
+                V1.get_variable(
+                    variable_name,
+                    shape=logical.shape,
+                    initializer=V1.zeros_initializer(),
+                    partitioner=V1.fixed_size_partitioner(num_hosts),
+                )
             )
+            for variable_name in (name, name + "/Adagrad")
+        }
+        sizes = [int(shard.shape[0]) for shard in shards[name]]
+        ids = tf.range(len(logical))
+
+        def write(variable_name, stored):
+            parts = np.split(stored, np.cumsum(sizes)[:-1])
+            return [
+                shard.assign(part)
+                for shard, part in zip(shards[variable_name], parts)
+            ]
+
+        def lookup(variable_name):
+            return V1.nn.embedding_lookup(
+                shards[variable_name], ids, partition_strategy="mod"
+            )
+
         with V1.Session() as session:
-            session.run(V1.global_variables_initializer())
+            # Each stored row holds its own position: the lookup of id i
+            # then says which stored row TF's "mod" strategy reads for i.
+            position = np.repeat(
+                np.arange(len(logical), dtype=np.float32)[:, None],
+                logical.shape[1],
+                axis=1,
+            )
+            session.run(write(name, position))
+            reads = session.run(lookup(name))[:, 0].astype(int)
+            assert sorted(reads) == list(range(len(logical)))
+            for variable_name, values in (
+                (name, logical),
+                (name + "/Adagrad", accumulators),
+            ):
+                stored = np.empty_like(values)
+                stored[reads] = values
+                session.run(write(variable_name, stored))
+                np.testing.assert_array_equal(
+                    session.run(lookup(variable_name)), values
+                )
             return V1.train.Saver().save(session, str(directory / "tpu"))
 
 
