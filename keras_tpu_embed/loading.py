@@ -91,6 +91,48 @@ def write_export_info(path: str, table_dtype: str) -> None:
         json.dump({"format": 1, "table_dtype": table_dtype}, handle)
 
 
+TABLE_DTYPE_ATTRIBUTE = "keras_tpu_embed_table_dtype"
+"""The SavedModel object's function returning its `table_dtype`."""
+
+
+def record_table_dtype(root: Any, table_dtype: str) -> None:
+    """Stores `table_dtype` in the SavedModel object itself.
+
+    `assets.extra/` is not part of the object: a loaded export re-saved
+    with `tf.saved_model.save` loses it, and would then read as float32.
+    A function of the object travels with every re-save (a function, not
+    a variable: the export's variables stay exactly the tables and dense
+    weights the signatures read).
+    """
+    setattr(
+        root,
+        TABLE_DTYPE_ATTRIBUTE,
+        tf.function(lambda: tf.constant(table_dtype), input_signature=[]),
+    )
+
+
+def loaded_table_dtype(loaded: Any, path: str) -> str:
+    """The `table_dtype` of the export at `path`, loaded as `loaded`: the
+    object's own record, else `assets.extra/`, else "float32" (exports
+    that predate both records stored float32 tables).
+
+    Raises:
+        ValueError: the two records disagree, or the file is unreadable.
+    """
+    recorded = read_table_dtype(path)
+    function = getattr(loaded, TABLE_DTYPE_ATTRIBUTE, None)
+    if function is None:
+        return recorded
+    held = function().numpy().decode("utf-8")
+    if os.path.exists(os.path.join(path, EXPORT_FILE)) and held != recorded:
+        raise ValueError(
+            f"The SavedModel {path} records table_dtype='{held}' in its "
+            f"object but '{recorded}' in {EXPORT_FILE}: the export was "
+            "altered. Export the model again."
+        )
+    return str(held)
+
+
 def read_table_dtype(path: str) -> str:
     """The `table_dtype` an export recorded; "float32" for exports that
     predate the record (their tables are float32).
@@ -244,7 +286,7 @@ def load_saved_model(path: str, verify: bool = True) -> Any:
     loaded.signatures = CheckedSignatures(loaded.signatures)
     if "serving_default" in loaded.signatures:
         loaded.serve = loaded.signatures["serving_default"]
-    loaded.table_dtype = read_table_dtype(path)
+    loaded.table_dtype = loaded_table_dtype(loaded, path)
     return loaded
 
 

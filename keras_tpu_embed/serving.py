@@ -25,6 +25,7 @@ from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.layers import embedding_layers
+from keras_tpu_embed.loading import record_table_dtype
 from keras_tpu_embed.loading import write_digests
 from keras_tpu_embed.loading import write_export_info
 from keras_tpu_embed.preprocessing import FeaturePreprocessor
@@ -292,6 +293,7 @@ def export_saved_model(
     root.lookup_tables = (
         [] if preprocessor is None else list(preprocessor.lookup_tables)
     )
+    record_table_dtype(root, table_dtype)
     tf.saved_model.save(root, path, signatures=signatures)
     write_export_info(path, table_dtype)
     write_digests(path)
