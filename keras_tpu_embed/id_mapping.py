@@ -10,6 +10,7 @@ range error), hashed columns hash with TensorFlow's `to_hash_bucket_fast`
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -169,7 +170,7 @@ def bucketized_ids(
             f"Feature '{source.key}' of bucketized column '{column.name}' "
             f"must be numeric, got dtype {raw.dtype.name}."
         )
-    values = tf.reshape(tf.cast(raw, tf.float32), [-1, source.size])
+    values = _numbers_per_row(column, tf.cast(raw, tf.float32))
     buckets = tf.raw_ops.Bucketize(
         input=values, boundaries=list(column.boundaries)
     )
@@ -183,6 +184,42 @@ def bucketized_ids(
         values=tf.reshape(ids, [-1]),
         dense_shape=shape,
     )
+
+
+def _numbers_per_row(
+    column: columns_lib.BucketizedColumn, raw: Tensor
+) -> Tensor:
+    """`raw` as `[batch, size]`, refusing any other count per example.
+
+    A `[batch, n]` input with `n != size` reshaped to `[-1, size]` would
+    silently become another number of examples; legacy `DenseFeatures`
+    raises there too.
+    """
+    source = column.source_column
+    message = (
+        f"Feature '{source.key}' of bucketized column '{column.name}' must "
+        f"hold {source.size} numbers per example ([batch, {source.size}], "
+        f"as numeric_column('{source.key}', shape={source.shape}) declares); "
+        "give each example that many numbers or declare the numeric "
+        "column's shape to match. Received shape"
+    )
+    rank = raw.shape.rank
+    static = raw.shape.as_list()[1:] if rank is not None else None
+    if rank == 0 or (
+        rank is not None
+        and static is not None
+        and None not in static
+        and (math.prod(static) if rank > 1 else 1) != source.size
+    ):
+        raise ValueError(f"{message} {raw.shape}.")
+    shape = tf.shape(raw)
+    per_row = tf.reduce_prod(shape[1:])
+    check = tf.debugging.Assert(
+        tf.logical_and(tf.size(shape) >= 1, tf.equal(per_row, source.size)),
+        [message, shape],
+    )
+    with tf.control_dependencies([check]):
+        return tf.reshape(raw, tf.stack([shape[0], source.size]))
 
 
 def crossed_ids(

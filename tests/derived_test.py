@@ -1,5 +1,6 @@
 """Bucketized and crossed column specs: validation, names, configs, ids."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -64,3 +65,51 @@ def test_numeric_column_from_tf_keeps_shape_and_default():
     theirs = tf.feature_column.numeric_column("p", 2, default_value=(1, 2))
     ours = derived.to_numeric_column(theirs)
     assert ours.shape == (2,) and ours.default_value == (1.0, 2.0)
+
+
+def _bucketized_pre_and_model():
+    column = kte.embedding_column(
+        kte.bucketized_column(kte.numeric_column("x", 2), [0.0, 10.0]), 3
+    )
+    pre = kte.FeaturePreprocessor([column])
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    return column, pre, keras.Model(inputs, layer(inputs))
+
+
+@pytest.mark.parametrize("shape", [[4, 3], [4, 1], [4], [2, 2, 2]])
+def test_bucketized_refuses_numbers_per_row_other_than_its_shape(shape):
+    # [4, 3] has 12 numbers: reshaped to [-1, 2] it would be 6 examples.
+    column = kte.bucketized_column(kte.numeric_column("x", 2), [0.0, 10.0])
+    raw = tf.zeros(shape)
+    with pytest.raises(
+        (ValueError, tf.errors.InvalidArgumentError),
+        match=r"x_bucketized.*\[batch, 2\]",
+    ):
+        id_mapping.bucketized_ids(column, raw)
+    dynamic = tf.function(
+        lambda r: id_mapping.bucketized_ids(column, r).dense_shape,
+        input_signature=[tf.TensorSpec(None, tf.float32)],
+    )
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"x_bucketized.*\[batch, 2\]"
+    ):
+        dynamic(raw)
+
+
+def test_bucketized_keeps_the_batch_in_the_preprocessor_and_export(tmp_path):
+    _, pre, model = _bucketized_pre_and_model()
+    raw = {"x": tf.zeros([4, 3])}
+    with pytest.raises(
+        (ValueError, tf.errors.InvalidArgumentError),
+        match=r"x_bucketized.*\[batch, 2\]",
+    ):
+        pre(raw)
+    path = kte.export_saved_model(model, str(tmp_path / "b"), pre)
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"x_bucketized.*\[batch, 2\]"
+    ):
+        serve(x=tf.zeros([4, 3]))
+    # The right shape serves one row per example.
+    assert next(iter(serve(x=tf.zeros([4, 2])).values())).shape[0] == 4
