@@ -222,6 +222,31 @@ def _numbers_per_row(
         return tf.reshape(raw, tf.stack([shape[0], source.size]))
 
 
+def _check_cross_dtype(
+    column: columns_lib.CrossedColumn, key: str, declared: str, dtype: Any
+) -> None:
+    """Refuses a crossed key whose values are not of its declared kind.
+
+    The integer 1 and the string "1" hash to different ids, and the
+    serving export and parse spec take each key as declared: integers
+    crossed in training under a string declaration would serve other ids.
+    """
+    if (declared == "string") == (dtype == tf.string):
+        return
+    position = [k for k in column.keys if isinstance(k, str)].index(key)
+    dtypes = list(column.key_dtypes or ())
+    dtypes[position] = "int64" if declared == "string" else "string"
+    raise TypeError(
+        f"Feature '{key}' of crossed column '{column.name}' holds "
+        f"{dtype.name} values, but the column declares it {declared} "
+        "(key_dtypes; a tf.feature_column.crossed_column declares every "
+        "feature key a string): integers and strings hash to different "
+        "ids, so training and the serving export would disagree. Declare "
+        f"it: kte.crossed_column(keys, ..., key_dtypes={dtypes}), or feed "
+        f"{declared} values."
+    )
+
+
 def crossed_ids(
     column: columns_lib.CrossedColumn, features: dict[str, Tensor]
 ) -> tf.SparseTensor:
@@ -262,6 +287,7 @@ def crossed_ids(
                     f"must hold strings or integers (declared {declared}), "
                     f"got dtype {values.dtype.name}."
                 )
+            _check_cross_dtype(column, key, declared, values.dtype)
             if values.dtype.is_integer and values.dtype != tf.int64:
                 if isinstance(value, tf.SparseTensor):
                     value = tf.SparseTensor(

@@ -113,3 +113,102 @@ def test_bucketized_keeps_the_batch_in_the_preprocessor_and_export(tmp_path):
         serve(x=tf.zeros([4, 3]))
     # The right shape serves one row per example.
     assert next(iter(serve(x=tf.zeros([4, 2])).values())).shape[0] == 4
+
+
+def _example(features):
+    feature = {}
+    for key, values in features.items():
+        if values and isinstance(values[0], str):
+            feature[key] = tf.train.Feature(
+                bytes_list=tf.train.BytesList(
+                    value=[v.encode() for v in values]
+                )
+            )
+        else:
+            feature[key] = tf.train.Feature(
+                int64_list=tf.train.Int64List(value=values)
+            )
+    return tf.train.Example(
+        features=tf.train.Features(feature=feature)
+    ).SerializeToString()
+
+
+def _crossed_model(crossed):
+    column = kte.embedding_column(crossed, 3, combiner="sum")
+    pre = kte.FeaturePreprocessor([column])
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    model = keras.Model(inputs, layer(inputs))
+    return pre, layer, model
+
+
+@pytest.mark.parametrize("lookup_device", ["cpu", "tpu_tensor_core"])
+def test_crossed_export_drops_the_signature_padding(tmp_path, lookup_device):
+    pre, layer, model = _crossed_model(
+        kte.crossed_column(["a", "i"], 97, key_dtypes=["string", "int64"])
+    )
+    if lookup_device == "tpu_tensor_core":
+        column = kte.embedding_column(
+            kte.crossed_column(["a", "i"], 97, key_dtypes=["string", "int64"]),
+            3,
+            combiner="sum",
+            tensor_core_shape=[None, 9],
+        )
+        pre = kte.FeaturePreprocessor([column])
+        inputs = pre.keras_inputs()
+        layer = kte.TPUEmbeddingLayer([column], output="concat")
+        model = keras.Model(inputs, layer(inputs))
+    rows = [
+        {"a": ["x", "y"], "i": [1]},
+        {"a": ["z"], "i": [2, 3]},
+        {"a": ["x", "w", "y"], "i": [4]},
+    ]
+    ragged = {
+        "a": tf.ragged.constant([r["a"] for r in rows]),
+        "i": tf.ragged.constant([r["i"] for r in rows], tf.int64),
+    }
+    trained = layer(pre(ragged)).numpy()
+    path = kte.export_saved_model(
+        model, str(tmp_path / "e"), pre, lookup_device=lookup_device
+    )
+    loaded = tf.saved_model.load(path)
+    served = next(
+        iter(
+            loaded.signatures["serving_default"](
+                a=ragged["a"].to_tensor(""), i=ragged["i"].to_tensor(-1)
+            ).values()
+        )
+    ).numpy()
+    examples = tf.constant([_example(r) for r in rows])
+    parsed = next(
+        iter(loaded.signatures["serve_examples"](examples=examples).values())
+    ).numpy()
+    np.testing.assert_allclose(parsed, trained, rtol=1e-6)
+    np.testing.assert_allclose(served, trained, rtol=1e-6)
+
+
+def test_crossed_key_declared_string_refuses_integers():
+    # tf.feature_column.crossed_column declares no dtypes: converted, its
+    # keys are strings, and int 1 hashes differently from "1".
+    converted = tf.feature_column.embedding_column(
+        tf.feature_column.crossed_column(["a", "i"], 97), 3
+    )
+    pre = kte.FeaturePreprocessor([converted])
+    raw = {
+        "a": tf.constant([["x"], ["y"]]),
+        "i": tf.constant([[1], [2]], tf.int64),
+    }
+    with pytest.raises(TypeError, match=r"'i'.*a_X_i.*string.*key_dtypes"):
+        pre(raw)
+    declared = kte.crossed_column(
+        ["a", "i"], 97, key_dtypes=["string", "int64"]
+    )
+    pre = kte.FeaturePreprocessor([kte.embedding_column(declared, 3)])
+    with pytest.raises(TypeError, match=r"'a'.*a_X_i.*int64.*key_dtypes"):
+        pre({"a": raw["i"], "i": raw["i"]})
+    # Declared, integers are crossed as integers, as TF crosses them.
+    ids = pre(raw)["a_X_i"]
+    expected = tf.sparse.cross_hashed([raw["a"], raw["i"]], num_buckets=97)
+    np.testing.assert_array_equal(
+        tf.sparse.to_dense(ids).numpy(), tf.sparse.to_dense(expected).numpy()
+    )
