@@ -212,3 +212,38 @@ def test_crossed_key_declared_string_refuses_integers():
     np.testing.assert_array_equal(
         tf.sparse.to_dense(ids).numpy(), tf.sparse.to_dense(expected).numpy()
     )
+
+
+def test_float64_numeric_column_exports_and_serves_examples(tmp_path):
+    column = kte.embedding_column(
+        kte.bucketized_column(
+            kte.numeric_column("x", dtype="float64"), [0.0, 10.0]
+        ),
+        3,
+    )
+    pre = kte.FeaturePreprocessor([column])
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    model = keras.Model(inputs, layer(inputs))
+    # tf.Example holds 32-bit floats: the parse spec reads them as such.
+    assert kte.make_parse_example_spec([column])["x"].dtype == tf.float32
+    path = kte.export_saved_model(model, str(tmp_path / "f"), pre)
+    loaded = tf.saved_model.load(path)
+    example = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "x": tf.train.Feature(
+                    float_list=tf.train.FloatList(value=[5.0])
+                )
+            }
+        )
+    ).SerializeToString()
+    parsed = next(
+        iter(
+            loaded.signatures["serve_examples"](
+                examples=tf.constant([example])
+            ).values()
+        )
+    )
+    trained = layer(pre({"x": tf.constant([[5.0]], tf.float64)}))
+    np.testing.assert_allclose(parsed.numpy(), trained.numpy(), rtol=1e-6)
