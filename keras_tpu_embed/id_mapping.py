@@ -16,6 +16,7 @@ from typing import Any
 
 from keras_tpu_embed import columns as columns_lib
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
 from keras_tpu_embed.ids import ids_below
 from keras_tpu_embed.ids import map_to_default
 from keras_tpu_embed.types import Tensor
@@ -95,27 +96,48 @@ class IdMapper:
                 initializer, base.num_oov_buckets, base.default_value
             )
         elif isinstance(base, columns_lib.VocabularyFileColumn):
-            if not os.path.exists(base.vocabulary_file):
+            assert base.vocabulary_size is not None
+            if not os.path.exists(base.vocabulary_file) or (
+                supplied_by_archive(
+                    base.vocabulary_file,
+                    base.key,
+                    base.input_dtype,
+                    base.vocabulary_size,
+                )
+            ):
                 # Rebuilt from a `.keras` config: the archive's copy of the
-                # file arrives in `load_assets`; calling before that fails.
+                # file arrives in `load_assets`; a call before that reads
+                # the file again (`__call__`).
                 return
-            key_dtype = tf.string if base.dtype == "string" else tf.int64
-            initializer = tf.lookup.TextFileInitializer(
-                filename=base.vocabulary_file,
-                key_dtype=key_dtype,
-                key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
-                value_dtype=tf.int64,
-                value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
-                vocab_size=base.vocabulary_size,
-            )
-            default = -1 if base.default_value is None else base.default_value
-            self.table = self._table(initializer, base.num_oov_buckets, default)
+            self.table = self._file_table(base)
+
+    @classmethod
+    def _file_table(cls, base: columns_lib.VocabularyFileColumn) -> Any:
+        key_dtype = tf.string if base.dtype == "string" else tf.int64
+        initializer = tf.lookup.TextFileInitializer(
+            filename=base.vocabulary_file,
+            key_dtype=key_dtype,
+            key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
+            value_dtype=tf.int64,
+            value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
+            vocab_size=base.vocabulary_size,
+        )
+        default = -1 if base.default_value is None else base.default_value
+        return cls._table(initializer, base.num_oov_buckets, default)
 
     @staticmethod
     def _table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
+        # Anonymous: TF otherwise shares a file's table by its name, line
+        # count and columns (`TextFileInitializer._shared_name`), so a file
+        # rewritten in place kept its old mapping in every new table of
+        # the process.
         if num_oov_buckets:
-            return tf.lookup.StaticVocabularyTable(initializer, num_oov_buckets)
-        return tf.lookup.StaticHashTable(initializer, default)
+            return tf.lookup.StaticVocabularyTable(
+                initializer, num_oov_buckets, experimental_is_anonymous=True
+            )
+        return tf.lookup.StaticHashTable(
+            initializer, default, experimental_is_anonymous=True
+        )
 
     def __call__(self, values: Tensor) -> Tensor:
         base = self.column.base
@@ -135,11 +157,23 @@ class IdMapper:
                 values = tf.strings.as_string(values)
             return tf.strings.to_hash_bucket_fast(values, base.hash_bucket_size)
         if self.table is None:
-            # Only a vocabulary-file column whose file is gone gets here.
+            # Only a vocabulary-file column rebuilt from a config whose file
+            # was missing or invalid gets here: read it again, naming what
+            # is wrong, and build the table if it is now valid.
             assert isinstance(base, columns_lib.VocabularyFileColumn)
-            columns_lib.read_vocabulary_file(
+            assert base.vocabulary_size is not None
+            tokens = columns_lib.read_vocabulary_file(
                 base.vocabulary_file, base.key, base.input_dtype
             )
+            if len(tokens) < base.vocabulary_size:
+                raise ValueError(
+                    f"vocabulary_file {base.vocabulary_file} of column "
+                    f"'{base.key}' has {len(tokens)} lines, but the column "
+                    f"was saved with vocabulary_size={base.vocabulary_size}."
+                    " Restore the file the model was trained with."
+                )
+            with tf.init_scope():
+                self.table = self._file_table(base)
         if values.dtype.is_integer and values.dtype != tf.int64:
             values = tf.cast(values, tf.int64)
         return self.table.lookup(values)

@@ -261,7 +261,9 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
                 keras.saving.deserialize_keras_object(c)
                 for c in config["columns"]
             ]
-        return cls(**config)
+            # Inside too: the lookup tables of files the archive replaces
+            # wait for `load_assets`.
+            return cls(**config)
 
     def save_assets(self, dir_path: str) -> None:
         """Copies the vocabulary files into a `.keras` archive."""
