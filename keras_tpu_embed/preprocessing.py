@@ -261,7 +261,9 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
                 keras.saving.deserialize_keras_object(c)
                 for c in config["columns"]
             ]
-        return cls(**config)
+            # Inside too: the lookup tables of files the archive replaces
+            # wait for `load_assets`.
+            return cls(**config)
 
     def save_assets(self, dir_path: str) -> None:
         """Copies the vocabulary files into a `.keras` archive."""
@@ -368,7 +370,8 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
     `tf.feature_column.make_parse_example_spec` gives for categorical columns
     (string for a crossed column's keys unless it declares `key_dtypes`);
     the numeric source of a bucketized column is a `tf.io.FixedLenFeature`
-    of its shape, dtype and default, as TF's `numeric_column` gives.
+    of its shape and default, as TF's `numeric_column` gives, of the dtype
+    a `tf.train.Example` holds (float32, or int64 for integer columns).
 
     Example:
 
@@ -386,7 +389,7 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
                 source = numeric[key]
                 spec[key] = tf.io.FixedLenFeature(
                     source.shape,
-                    tf.as_dtype(source.dtype),
+                    _example_dtype(source.dtype),
                     source.default_value,
                 )
                 continue
@@ -394,9 +397,20 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
             spec[key] = tf.io.VarLenFeature(dtype)
         if column.weight_feature_key:
             spec[column.weight_feature_key] = tf.io.VarLenFeature(
-                tf.as_dtype(getattr(column, "dtype", "float32"))
+                _example_dtype(getattr(column, "dtype", "float32"))
             )
     return spec
+
+
+def _example_dtype(dtype: Any) -> Any:
+    """The dtype `tf.io.parse_example` reads a numeric feature as.
+
+    A `tf.train.Example` holds only 32-bit floats, int64 and bytes, and
+    `parse_example` refuses any other dtype (float64: "dense_defaults"),
+    so a float64 column reads its float32 values as float32 (exactly what
+    the Example holds; the preprocessor casts numbers to float32 anyway).
+    """
+    return tf.float32 if tf.as_dtype(dtype).is_floating else tf.int64
 
 
 def _numeric_sources(column: Any) -> dict[str, Any]:

@@ -21,10 +21,12 @@ import numpy as np
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import CrossedColumn
 from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.layers import embedding_layers
+from keras_tpu_embed.loading import record_table_dtype
 from keras_tpu_embed.loading import write_digests
 from keras_tpu_embed.loading import write_export_info
 from keras_tpu_embed.preprocessing import FeaturePreprocessor
@@ -75,6 +77,64 @@ def _as_batch_matrix(key: str, value: Tensor) -> Tensor:
     with tf.control_dependencies([check]):
         shape = tf.shape(value)
     return tf.reshape(value, tf.stack([shape[0], tf.reduce_prod(shape[1:])]))
+
+
+def _cross_padding(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
+    """Raw keys crossed by a crossed column -> their padding in the
+    `serving_default` signature (`""`, or -1 for integer keys).
+
+    A dense input reaches TF's cross op with every value, padding included
+    (`id_mapping.crossed_ids`); the signature's padding is not a value, so
+    it is dropped before crossing, as `serve_examples` and ragged or sparse
+    training inputs have none.
+
+    Raises:
+        ValueError: a crossed key also read by a weighted column, whose ids
+            and weights must keep one shape.
+    """
+    pads: dict[str, Any] = {}
+    crossed_by: dict[str, str] = {}
+    for column in preprocessor.categorical_columns:
+        base = column.base
+        if not isinstance(base, CrossedColumn):
+            continue
+        dtypes = iter(base.key_dtypes or ())
+        for key in base.keys:
+            if isinstance(key, str):
+                pads[key] = "" if next(dtypes) == "string" else -1
+                crossed_by[key] = base.name
+    for column in preprocessor.categorical_columns:
+        if not column.weight_feature_key:
+            continue
+        shared = sorted(
+            {column.key, column.weight_feature_key} & set(crossed_by)
+        )
+        if shared:
+            raise ValueError(
+                f"Feature '{shared[0]}' is crossed by '{crossed_by[shared[0]]}'"
+                f" and read by the weighted column '{column.name}': the "
+                "serving signature drops a crossed key's padding, which "
+                "would part the weighted column's ids from its weights. "
+                "Give the crossed column a copy of the feature under "
+                "another key."
+            )
+    return pads
+
+
+def _drop_padding(
+    features: dict[str, Tensor], pads: dict[str, Any]
+) -> dict[str, Tensor]:
+    """`features` with each key of `pads` sparse, its padding dropped."""
+    result = dict(features)
+    for key, pad in pads.items():
+        if key not in result:
+            continue  # the preprocessor names the missing key
+        value = result[key]
+        keep = tf.where(tf.not_equal(value, tf.constant(pad, value.dtype)))
+        result[key] = tf.SparseTensor(
+            keep, tf.gather_nd(value, keep), tf.shape(value, tf.int64)
+        )
+    return result
 
 
 def _output_dict(model: keras.Model, outputs: Any) -> dict[str, Tensor]:
@@ -247,9 +307,11 @@ def export_saved_model(
     signatures = {}
     with serving_lookups(model, device, table_dtype):
         if preprocessor is not None:
+            pads = _cross_padding(preprocessor)
 
             def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
                 dense = {k: _as_batch_matrix(k, v) for k, v in features.items()}
+                dense = _drop_padding(dense, pads)
                 ids = model_inputs(model, preprocessor(dense))
                 return _output_dict(model, model(ids, training=False))
 
@@ -292,6 +354,7 @@ def export_saved_model(
     root.lookup_tables = (
         [] if preprocessor is None else list(preprocessor.lookup_tables)
     )
+    record_table_dtype(root, table_dtype)
     tf.saved_model.save(root, path, signatures=signatures)
     write_export_info(path, table_dtype)
     write_digests(path)

@@ -167,7 +167,21 @@ def clip_rows(rows: Tensor, max_norm: float | None) -> Tensor:
     (`tensorflow/python/ops/embedding_ops.py`, `_clip`) clips every gathered
     row with `clip_by_norm` before `embedding_lookup_sparse` combines them.
     Rows of zeros (padding) stay zero and have a finite gradient.
+
+    Computed as `rows * (max_norm / norm)` for the rows over the limit and
+    `rows` for the others, not as `clip_by_norm`'s `rows * max_norm /
+    max(norm, max_norm)`: that product overflows to inf for a large
+    `max_norm` (`1e37` with values above ~34) although no row needs
+    clipping.
     """
     if max_norm is None:
         return rows
-    return tf.clip_by_norm(rows, max_norm, axes=[-1])
+    squares = tf.reduce_sum(rows * rows, axis=-1, keepdims=True)
+    # clip_by_norm's guard: the root's gradient at 0 is inf.
+    positive = squares > 0
+    norm = tf.where(
+        positive, tf.sqrt(tf.where(positive, squares, 1.0)), squares
+    )
+    over = norm > max_norm
+    factor = tf.where(over, max_norm / tf.where(over, norm, 1.0), 1.0)
+    return rows * factor

@@ -372,3 +372,26 @@ def test_an_export_without_the_record_has_float32_tables(tmp_path):
     path = kte.export_saved_model(_model(), str(tmp_path / "e"))
     os.remove(os.path.join(path, "assets.extra", "keras_tpu_embed_export.json"))
     assert kte.load_saved_model(path, verify=False).table_dtype == "float32"
+
+
+def test_serve_names_inputs_it_cannot_take(tmp_path):
+    serve = kte.load_saved_model(_weighted_export(tmp_path)).serve
+    ragged = {"item": [[1, 2], [3]], "x": [[1], [2]], "xw": [[1.0], [1.0]]}
+    with pytest.raises(ValueError, match=r"Feature 'item'.*ragged.*pad"):
+        serve(**ragged)
+    for value in (
+        tf.ragged.constant([[1, 2], [3]], tf.int64),
+        tf.sparse.from_dense(tf.constant([[1, 2], [3, 0]], tf.int64)),
+    ):
+        with pytest.raises(TypeError, match=r"Feature 'item'.*Tensor.*pad"):
+            serve(**dict(_good_feeds(), item=value))
+    with pytest.raises(ValueError, match=r"batch.*'item': 2.*'x': 1"):
+        serve(**dict(_good_feeds(), item=tf.constant([[1], [2]], tf.int64)))
+    with pytest.raises(ValueError, match=r"Feature 'item'.*int64 range"):
+        serve(**dict(_good_feeds(), item=[[2**63, -1]]))
+
+
+def test_serve_takes_an_empty_list_as_an_empty_batch(tmp_path):
+    serve = kte.load_saved_model(_weighted_export(tmp_path)).serve
+    out = serve(item=[], x=[], xw=[])
+    assert out["score"].shape[0] == 0

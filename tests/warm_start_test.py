@@ -307,3 +307,165 @@ def test_slots_of_a_tf1_optimizer_are_loaded(tmp_path):
         layer.slot_variables("item")["accumulators"].numpy(),
         reader.get_tensor(table + "/Adagrad"),
     )
+
+
+def _vocabulary_checkpoint(directory, values):
+    with tf.Graph().as_default():
+        V1.get_variable(
+            "input_layer/w_embedding/embedding_weights",
+            initializer=tf.constant(values),
+        )
+        with V1.Session() as session:
+            session.run(V1.global_variables_initializer())
+            return V1.train.Saver().save(session, str(directory / "v"))
+
+
+def _vocabulary_layer(vocabulary, dimension=3, dtype="string"):
+    column = kte.embedding_column(
+        kte.categorical_column_with_vocabulary_list(
+            "w", vocabulary, dtype=dtype, num_oov_buckets=1
+        ),
+        dimension,
+    )
+    return _layer([column])
+
+
+@pytest.mark.parametrize("num_shards", [-1, 0, 2.7, True, "3"])
+def test_mod_refuses_a_number_of_shards_that_is_not_positive(
+    tmp_path, num_shards
+):
+    logical = np.arange(14 * 2, dtype=np.float32).reshape(14, 2)
+    prefix = _tpu_estimator_checkpoint(tmp_path, logical, logical, 3)
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 14), 2
+    )
+    layer = _layer([column])
+    before = layer.table_variable("item").numpy().copy()
+    with pytest.raises(ValueError, match=r"num_shards.*positive integer"):
+        kte.warm_start(
+            layer, prefix, partition_strategy="mod", num_shards=num_shards
+        )
+    np.testing.assert_array_equal(layer.table_variable("item").numpy(), before)
+
+
+def test_vocabularies_key_that_is_no_table_is_refused(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["a", "b", "c"])
+    before = layer.table_variable("w").numpy().copy()
+    with pytest.raises(ValueError, match=r"vocabularies.*'x'.*\['w'\]"):
+        kte.warm_start(layer, prefix, vocabularies={"x": (["a"], ["a"])})
+    np.testing.assert_array_equal(layer.table_variable("w").numpy(), before)
+
+
+def test_variable_names_key_that_is_no_table_is_refused(tmp_path):
+    prefix, _ = _legacy_checkpoint(tmp_path)
+    layer = _layer()
+    before = layer.table_variable("item").numpy().copy()
+    with pytest.raises(ValueError, match=r"variable_names.*'itme'.*'item'"):
+        kte.warm_start(layer, prefix, variable_names={"itme": "x"})
+    np.testing.assert_array_equal(layer.table_variable("item").numpy(), before)
+
+
+def test_new_vocabulary_must_be_the_columns_own(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["d", "new", "a"])
+    before = layer.table_variable("w").numpy().copy()
+    # Not the column's order: rows would land on other tokens' ids.
+    with pytest.raises(ValueError, match=r"'w'.*column's own vocabulary"):
+        kte.warm_start(
+            layer,
+            prefix,
+            vocabularies={"w": (["a", "b", "c", "d"], ["a", "new", "d"])},
+        )
+    # Longer than the table (was an IndexError).
+    with pytest.raises(ValueError, match=r"'w'.*column's own vocabulary"):
+        kte.warm_start(
+            layer,
+            prefix,
+            vocabularies={
+                "w": (["a", "b", "c", "d"], ["d", "new", "a", "b", "c"])
+            },
+        )
+    np.testing.assert_array_equal(layer.table_variable("w").numpy(), before)
+
+
+def test_vocabularies_without_common_tokens_are_refused(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["x", "y"])
+    before = layer.table_variable("w").numpy().copy()
+    with pytest.raises(ValueError, match=r"'w'.*no token in common"):
+        kte.warm_start(
+            layer, prefix, vocabularies={"w": (["a", "b", "c"], ["x", "y"])}
+        )
+    np.testing.assert_array_equal(layer.table_variable("w").numpy(), before)
+
+
+def test_integer_old_vocabulary_against_string_column_is_refused(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["1", "2"])
+    with pytest.raises(ValueError, match=r"old vocabulary of table 'w'.*int"):
+        kte.warm_start(
+            layer, prefix, vocabularies={"w": ([1, 2, 3], ["1", "2"])}
+        )
+
+
+def test_integer_vocabulary_file_remaps_an_integer_column(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    old_file = tmp_path / "old.txt"
+    old_file.write_text("10\n20\n30\n40\n")
+    layer = _vocabulary_layer([40, 99, 10], dtype="int64")
+    kte.warm_start(
+        layer, prefix, vocabularies={"w": (str(old_file), [40, 99, 10])}
+    )
+    table = layer.table_variable("w").numpy()
+    np.testing.assert_array_equal(table[0], values[3])
+    np.testing.assert_array_equal(table[2], values[0])
+
+
+def test_old_vocabulary_longer_than_the_checkpoint_is_refused(tmp_path):
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["c", "a"])
+    with pytest.raises(ValueError, match=r"old vocabulary.*3 tokens.*2 rows"):
+        kte.warm_start(
+            layer, prefix, vocabularies={"w": (["a", "b", "c"], ["c", "a"])}
+        )
+
+
+def test_remap_with_another_dimension_names_both_shapes(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["d", "a"], dimension=5)
+    with pytest.raises(ValueError, match=r"w_embedding.*\[4, 3\].*\[3, 5\]"):
+        kte.warm_start(
+            layer,
+            prefix,
+            vocabularies={"w": (["a", "b", "c", "d"], ["d", "a"])},
+        )
+
+
+def test_a_failing_table_leaves_every_table_unchanged(tmp_path):
+    prefix, _ = _legacy_checkpoint(tmp_path)
+    item = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 6), 3
+    )
+    # The checkpoint's shared table has dimension 2.
+    shared = kte.shared_embedding_columns(
+        [
+            kte.categorical_column_with_identity("s1", 5),
+            kte.categorical_column_with_identity("s2", 5),
+        ],
+        4,
+        shared_embedding_collection_name="s_shared",
+    )
+    layer = _layer([item] + shared)
+    assert [t.name for t in layer.table_specs] == ["item", "s_shared"]
+    before = layer.table_variable("item").numpy().copy()
+    with pytest.raises(ValueError, match="s_shared"):
+        kte.warm_start(layer, prefix)
+    np.testing.assert_array_equal(layer.table_variable("item").numpy(), before)

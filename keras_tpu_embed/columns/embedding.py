@@ -109,6 +109,13 @@ class _EmbeddingSpec:
                     f"`max_norm` of column '{column.name}' must be > 0 (or "
                     f"None for no clipping). Received: max_norm={self.max_norm}"
                 )
+            if not math.isfinite(self.max_norm):
+                # clip_by_norm computes `rows * max_norm / norm`: NaN or inf.
+                raise ValueError(
+                    f"`max_norm` of column '{column.name}' must be finite; "
+                    "pass max_norm=None for no clipping. Received: "
+                    f"max_norm={self.max_norm}"
+                )
             object.__setattr__(self, "max_norm", float(self.max_norm))
         _check_checkpoint_pair(
             column.name, self.ckpt_to_load_from, self.tensor_name_in_ckpt
