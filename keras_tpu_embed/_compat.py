@@ -42,6 +42,7 @@ from keras.src.backend.common.stateless_scope import (  # noqa: E402
 from keras.src.backend.common.symbolic_scope import (  # noqa: E402
     in_symbolic_scope as keras_in_symbolic_scope,
 )
+from keras.src.utils.io_utils import print_msg  # noqa: E402
 from tensorflow.python.feature_column import (  # noqa: E402
     feature_column_v2 as tf_feature_column_v2,
 )
@@ -66,5 +67,6 @@ __all__ = [
     "keras_in_stateless_scope",
     "keras_in_symbolic_scope",
     "nested_layers",
+    "print_msg",
     "tf_tpu_feature_column_v2",
 ]

@@ -51,13 +51,15 @@ def test_damaged_keras_file(tmp_path):
 
 
 def test_damaged_saved_model(tmp_path):
-    path = kte.export_saved_model(_model(), str(tmp_path / "sm"))
+    path = kte.export_saved_model(_model(), str(tmp_path / "sm"), inputs="ids")
     assert kte.load_saved_model(path) is not None
     data = glob.glob(os.path.join(path, "variables", "variables.data-*"))[0]
     testing.flip_byte(data, 16)
     with pytest.raises(ValueError, match="truncated or corrupt"):
         kte.load_saved_model(path)
-    other = kte.export_saved_model(_model(), str(tmp_path / "sm2"))
+    other = kte.export_saved_model(
+        _model(), str(tmp_path / "sm2"), inputs="ids"
+    )
     graph = os.path.join(other, "saved_model.pb")
     with open(graph, "r+b") as handle:
         handle.truncate(os.path.getsize(graph) // 2)
@@ -209,7 +211,9 @@ def test_damage_sweep(tmp_path):
     want = [w.numpy() for w in model.weights]
     view = tf.train.Checkpoint(embedding=kte.engine_checkpoint(model))
     originals = {
-        "savedmodel": kte.export_saved_model(model, str(tmp_path / "sm")),
+        "savedmodel": kte.export_saved_model(
+            model, str(tmp_path / "sm"), inputs="ids"
+        ),
         "keras": str(tmp_path / "m.keras"),
         "weights.h5": str(tmp_path / "m.weights.h5"),
         "checkpoint save": view.save(str(tmp_path / "save" / "ck")),
@@ -292,7 +296,7 @@ def test_checked_signatures_keep_the_signature_attributes(tmp_path):
 @pytest.mark.parametrize("table_dtype", ["float32", "bfloat16", "int8"])
 def test_loaded_export_says_how_its_tables_are_stored(tmp_path, table_dtype):
     path = kte.export_saved_model(
-        _model(), str(tmp_path / "e"), table_dtype=table_dtype
+        _model(), str(tmp_path / "e"), table_dtype=table_dtype, inputs="ids"
     )
     loaded = kte.load_saved_model(path)
     assert loaded.table_dtype == table_dtype
@@ -301,6 +305,6 @@ def test_loaded_export_says_how_its_tables_are_stored(tmp_path, table_dtype):
 
 
 def test_an_export_without_the_record_has_float32_tables(tmp_path):
-    path = kte.export_saved_model(_model(), str(tmp_path / "e"))
+    path = kte.export_saved_model(_model(), str(tmp_path / "e"), inputs="ids")
     os.remove(os.path.join(path, "assets.extra", "keras_tpu_embed_export.json"))
     assert kte.load_saved_model(path, verify=False).table_dtype == "float32"
