@@ -14,6 +14,7 @@ from typing import Any
 from typing import Iterable
 
 from keras_tpu_embed import columns as columns_lib
+from keras_tpu_embed._compat import caller_stacklevel
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import EmbeddingColumn
@@ -209,7 +210,7 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
             warnings.warn(
                 f"FeaturePreprocessor ignores features {extra}: no column "
                 f"reads them (expected keys: {expected}).",
-                stacklevel=2,
+                stacklevel=caller_stacklevel(),
             )
 
     def keras_inputs(self) -> dict[str, Any]:

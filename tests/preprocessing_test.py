@@ -53,8 +53,12 @@ def test_extra_keys_warn_once():
     pre = kte.FeaturePreprocessor(
         [kte.categorical_column_with_hash_bucket("h", 10)]
     )
-    with pytest.warns(UserWarning, match=r"ignores features \['label'\]"):
+    with pytest.warns(
+        UserWarning, match=r"ignores features \['label'\]"
+    ) as record:
         pre({"h": tf.constant(["x"]), "label": tf.constant([1])})
+    # Attributed to this line, not to Keras' traceback_utils.py.
+    assert [w.filename for w in record] == [__file__]
 
 
 def test_weighted_inputs_keep_alignment():
