@@ -15,10 +15,6 @@ import pytest
 from benchmarks import report
 from tests import testing
 
-# One worker runs this module, so its module fixture runs once under xdist
-# (`--dist loadgroup`); split over two, each worker ran it.
-pytestmark = pytest.mark.xdist_group("benchmarks")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PACKAGE = {"kte_cpu_ragged", "kte_cpu_dense", "kte_tensor_core_xla"}

@@ -21,10 +21,6 @@ from keras_tpu_embed import columns as conversion
 from keras_tpu_embed.columns import legacy_arguments
 from keras_tpu_embed.columns.categorical import CategoricalColumn
 
-# One worker runs this module, so its module fixture runs once under xdist
-# (`--dist loadgroup`); split over two, each worker ran it.
-pytestmark = pytest.mark.xdist_group("legacy_arguments")
-
 fc = tf.feature_column
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -20,12 +20,7 @@ from keras_tpu_embed.columns import input_keys
 from tests import reference_cases as cases
 from tests import testing
 
-# One worker runs this module, so its module fixture runs once under xdist
-# (`--dist loadgroup`); split over two, each worker ran it.
-pytestmark = [
-    pytest.mark.xdist_group("legacy_reference"),
-    pytest.mark.filterwarnings("ignore:FeaturePreprocessor ignores"),
-]
+pytestmark = pytest.mark.filterwarnings("ignore:FeaturePreprocessor ignores")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FORMS = ("ragged", "sparse", "dense")

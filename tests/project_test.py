@@ -30,7 +30,7 @@ def test_readme_opens_with_title_pitch_and_the_two_commands():
         assert check in commands[1]
         assert commands[1].index(check) < commands[1].index("pytest")
     # The tests run on 2 processes (xdist), from the dev extra.
-    assert "pytest -q -n 2 --dist loadgroup" in commands[1]
+    assert "pytest -q -n 2 --dist loadfile" in commands[1]
     dev = (ROOT / "pyproject.toml").read_text()
     assert '"pytest-xdist"' in dev and '"mkdocs' in dev
     assert "README.md" in (ROOT / ".ci" / "run").read_text()
@@ -90,4 +90,4 @@ def test_ci_runs_the_suite_on_both_supported_tensorflow_versions():
     # Step 2: TensorFlow 2.20 in a second virtualenv, then the same suite.
     assert "'tensorflow-cpu==2.20.*'" in ci
     assert "'tf-keras~=2.20.0'" in ci
-    assert ".venv220/bin/python -m pytest -q -n 2 --dist loadgroup" in ci
+    assert ".venv220/bin/python -m pytest -q -n 2 --dist loadfile" in ci
