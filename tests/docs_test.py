@@ -109,3 +109,7 @@ def test_python_blocks_run(page, tmp_path):
     assert completed.returncode == 0, (
         completed.stdout[-2000:] + completed.stderr[-4000:]
     )
+    # Documented usage prints no warning (the package's, or Keras' about
+    # how the package uses it).
+    warned = re.findall(r"^.*\d: \w*Warning: .*$", completed.stderr, re.M)
+    assert not warned, "\n".join(warned)
