@@ -323,9 +323,16 @@ def export_saved_model(
             for variable in concrete.variables:
                 variables[id(variable)] = variable
         root.variables_read = list(variables.values())
-    root.lookup_tables = (
-        [] if preprocessor is None else list(preprocessor.lookup_tables)
-    )
+    # The preprocessor's tf.lookup tables, and those of a preprocessor the
+    # model holds as a layer: the signatures capture them.
+    held = [preprocessor] if preprocessor is not None else []
+    if isinstance(model, keras.layers.Layer):
+        held += [
+            layer
+            for layer in nested_layers(model)
+            if isinstance(layer, FeaturePreprocessor)
+        ]
+    root.lookup_tables = [table for p in held for table in p.lookup_tables]
     tf.saved_model.save(root, path, signatures=signatures)
     write_export_info(path, table_dtype)
     write_digests(path)

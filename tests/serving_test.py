@@ -272,3 +272,22 @@ def test_export_prints_its_signatures_and_output_keys(tmp_path, capsys):
     assert "user: string" in printed
     kte.export_saved_model(model, str(tmp_path / "q"), pre, verbose=False)
     assert capsys.readouterr().out == ""
+
+
+def test_export_of_a_model_holding_its_preprocessor(tmp_path):
+    """Its inputs are raw features already: exported with them."""
+    country = kte.categorical_column_with_vocabulary_list(
+        "country", ["us", "fr"], num_oov_buckets=1
+    )
+    columns = [kte.embedding_column(country, 2)]
+    inputs = {"country": keras.Input((1,), dtype="string", name="country")}
+    ids = kte.FeaturePreprocessor(columns)(inputs)
+    x = kte.TPUEmbeddingLayer(columns, output="concat")(ids)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="score")(x))
+    path = kte.export_saved_model(model, str(tmp_path / "e"))
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    assert serve.structured_input_signature[1]["country"].dtype == tf.string
+    raw = {"country": tf.constant([["fr"], ["xx"]])}
+    np.testing.assert_allclose(
+        serve(**raw)["score"], model(raw, training=False), atol=1e-6
+    )
