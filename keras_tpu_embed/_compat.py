@@ -6,6 +6,7 @@ needs are imported here so that a TensorFlow upgrade breaks one module.
 """
 
 import os
+import sys
 from typing import Any
 
 _BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow")
@@ -42,6 +43,7 @@ from keras.src.backend.common.stateless_scope import (  # noqa: E402
 from keras.src.backend.common.symbolic_scope import (  # noqa: E402
     in_symbolic_scope as keras_in_symbolic_scope,
 )
+from keras.src.utils.io_utils import print_msg  # noqa: E402
 from tensorflow.python.feature_column import (  # noqa: E402
     feature_column_v2 as tf_feature_column_v2,
 )
@@ -57,7 +59,28 @@ def nested_layers(layer: Any) -> list[Any]:
     return list(layer._flatten_layers(include_self=False))
 
 
+def caller_stacklevel() -> int:
+    """The `stacklevel` of a warning raised by the caller of this function
+    that points at the first frame outside this package, Keras and
+    TensorFlow: a layer's `call` runs under a varying depth of Keras
+    frames, so a fixed `stacklevel` names Keras' `traceback_utils.py`."""
+    internal = tuple(
+        os.path.dirname(module.__file__) + os.sep
+        for module in (sys.modules[__package__ or "keras_tpu_embed"], keras, tf)
+        if module.__file__
+    )
+    frame = sys._getframe(1)  # the function that warns: stacklevel 1
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(
+        internal
+    ):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 __all__ = [
+    "caller_stacklevel",
     "tf",
     "keras",
     "tf_feature_column_v2",
@@ -66,5 +89,6 @@ __all__ = [
     "keras_in_stateless_scope",
     "keras_in_symbolic_scope",
     "nested_layers",
+    "print_msg",
     "tf_tpu_feature_column_v2",
 ]

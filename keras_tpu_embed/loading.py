@@ -479,7 +479,9 @@ def save_layer_variables(layer: Any, store: Any) -> None:
     would load one table into another of the same shape.
     """
     for key, variable in _named_layer_variables(layer).items():
-        store[key] = variable
+        # As numpy: the store would call np.array on a tf.Variable, whose
+        # `__array__` takes no `copy` (a DeprecationWarning under numpy 2).
+        store[key] = variable.numpy()
 
 
 def load_layer_variables(layer: Any, store: Any) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 from typing import Iterable
 
 from keras_tpu_embed import columns as columns_lib
+from keras_tpu_embed._compat import caller_stacklevel
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import EmbeddingColumn
@@ -29,6 +30,8 @@ from keras_tpu_embed.id_mapping import to_sparse
 from keras_tpu_embed.ids import densify
 from keras_tpu_embed.ids import width_of
 from keras_tpu_embed.serialization import serializable
+from keras_tpu_embed.serialization import with_load_hint
+from keras_tpu_embed.serialization import without_load_hint
 from keras_tpu_embed.types import Tensor
 
 
@@ -207,7 +210,7 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
             warnings.warn(
                 f"FeaturePreprocessor ignores features {extra}: no column "
                 f"reads them (expected keys: {expected}).",
-                stacklevel=2,
+                stacklevel=caller_stacklevel(),
             )
 
     def keras_inputs(self) -> dict[str, Any]:
@@ -251,11 +254,11 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
         config["columns"] = [
             keras.saving.serialize_keras_object(c) for c in self._columns_arg
         ]
-        return config
+        return with_load_hint(config)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> FeaturePreprocessor:
-        config = dict(config)
+        config = without_load_hint(config)
         with columns_lib.vocabulary_files_from_archive():
             config["columns"] = [
                 keras.saving.deserialize_keras_object(c)

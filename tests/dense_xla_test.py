@@ -321,7 +321,10 @@ def _served(layer, tmp_path):
     }
     model = keras.Model(inputs, layer(inputs))
     path = kte.export_saved_model(
-        model, str(tmp_path / "sm"), lookup_device="tpu_tensor_core"
+        model,
+        str(tmp_path / "sm"),
+        lookup_device="tpu_tensor_core",
+        inputs="ids",
     )
     return kte.load_saved_model(path).signatures["serving_default"]
 

@@ -7,6 +7,7 @@ in any cell fails the test. Outputs are stripped in the repository.
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -49,6 +50,11 @@ def test_notebook_runs(name, tmp_path):
     script.write_text(_script(NOTEBOOKS / name))
     completed = testing.run_python(str(script), timeout=600, cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-4000:]
+    if name in CPU_NOTEBOOKS:
+        # No warning from the package, or from Keras about its use there
+        # (the layers' "ignores the input keys", Keras' "shuffle=True").
+        warned = re.findall(r"^.*\d: \w*Warning: .*$", completed.stderr, re.M)
+        assert not warned, "\n".join(warned)
 
 
 def test_tpu_notebook_says_so_and_tags_everything_from_the_strategy_on():

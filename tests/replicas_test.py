@@ -211,7 +211,9 @@ if loop == "save":
             spec.name: np.asarray(fresh_layer.table_variable(spec.name))
             for spec in fresh_layer.local_table_specs
         }
-        exported = kte.export_saved_model(trained, directory + "/export")
+        exported = kte.export_saved_model(
+            trained, directory + "/export", inputs="ids"
+        )
         serve = tf.saved_model.load(exported).signatures["serving_default"]
         outputs = serve(**serve_inputs)
         saved[name] = (tables, np.asarray(list(outputs.values())[0]))

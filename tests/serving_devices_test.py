@@ -148,7 +148,9 @@ def test_embedding_core_column_needs_a_serving_choice(tmp_path):
         ValueError, match="'i_embedding'.*not valid for serving"
     ):
         kte.export_saved_model(model, str(tmp_path / "x"))
-    kte.export_saved_model(model, str(tmp_path / "y"), lookup_device="cpu")
+    kte.export_saved_model(
+        model, str(tmp_path / "y"), lookup_device="cpu", inputs="ids"
+    )
 
 
 def _example(row):

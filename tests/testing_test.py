@@ -26,6 +26,7 @@ TESTS = pathlib.Path(__file__).parent
 CROSS_CUTTING = {
     "benchmarks",  # benchmarks/run.py end to end
     "concurrency",  # a served model under many threads
+    "docs",  # the README's and docs/' python blocks run
     "engine_stand_in",  # the TPU stand-in answers as TensorFlow does
     "examples",  # examples/ scripts
     "install",  # the install extras resolve (pip --dry-run)
