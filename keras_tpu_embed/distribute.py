@@ -13,6 +13,21 @@ its own share (multi-host) and `model.fit` does not shard it again. Batches
 are cut per replica with `drop_remainder=True`: the TPU step needs static
 shapes. The batch size a user gives is always the global one.
 
+On a pod (`H` hosts, `R` replicas each) replica `r` of host `h` gets slice
+`r * H + h` of each global batch: `experimental_distribute_dataset`'s
+order, which Keras' `predict` undoes on a multi-host `TPUStrategy`
+(`_tpu_multi_host_concat` in `keras/src/backend/tensorflow/trainer.py`), so
+predictions come back in input order. What each host reads:
+
+- a dataset of single examples of known length (or infinite): each host
+  keeps only its per-replica chunks (`dataset.shard`), but iterates the
+  examples before them as `dataset.shard` does;
+- a dataset of single examples of unknown length, or a batched dataset:
+  every host reads the whole stream, to cut each global batch (and to find
+  the last full one);
+- a function of `tf.distribute.InputContext`: each host reads what the
+  function opens (e.g. its own files), and nothing else.
+
 On a TPU with an embedding engine, negative ids are also dealt with here, on
 the host: the engine has no rule for them (the host lookups skip them), and
 nothing can be computed between the dataset and TF's enqueue, which only
@@ -79,11 +94,13 @@ def distribute_dataset(
             split over the replicas in order; a batch of another size than
             the first (a short last batch) is dropped. Or a
             `tf.data.Dataset` of single examples (features, labels), with
-            `global_batch_size`, which is split over the input hosts; or a
-            function of
-            `tf.distribute.InputContext` that returns this host's dataset of
-            single examples (it shards itself, e.g. by file); or a
-            distributed dataset already made with
+            `global_batch_size`, cut into global batches of consecutive
+            examples (a short last one is dropped) and split over the hosts
+            as above; or a function of `tf.distribute.InputContext` that
+            returns this host's dataset of single examples (it shards
+            itself, e.g. by file; on a pod, step `s` of `predict` returns
+            host 0's `(s * R + r)`-th per-replica batch, then host 1's, for
+            `r = 0, 1, ...`); or a distributed dataset already made with
             `experimental_fetch_to_device=False`, returned as it is.
         global_batch_size: The batch over all replicas, for single
             examples; each replica gets `global_batch_size /
@@ -150,7 +167,7 @@ def distribute_dataset(
     if batched:
         make_host_dataset = _host_slices(dataset_or_fn, global_batch_size)
     elif isinstance(dataset_or_fn, tf.data.Dataset):
-        make_host_dataset = _sharded(dataset_or_fn)
+        make_host_dataset = _sharded(dataset_or_fn, global_batch_size)
     elif callable(dataset_or_fn):
         make_host_dataset = dataset_or_fn
     else:
@@ -212,52 +229,98 @@ def _rows(value: Any) -> Any:
     return tf.shape(value)[0]
 
 
+def _pod_shape(context: Any) -> tuple[int, int, int]:
+    """(hosts, this host, replicas per host) of an `InputContext`."""
+    hosts, host = context.num_input_pipelines, context.input_pipeline_id
+    return hosts, host, max(1, context.num_replicas_in_sync // hosts)
+
+
 def _host_slices(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
-    """Each host's slice of every full global batch, as single examples.
+    """Each host's slices of every full global batch, as single examples.
+
+    Replica `r` of host `h` (of `H` hosts with `R` replicas each) gets
+    slice `r * H + h` of each global batch (`global_batch_size / (H * R)`
+    examples): the order `experimental_distribute_dataset` gives a
+    `TPUStrategy`, which Keras undoes to put `predict`'s outputs back in
+    input order (`_tpu_multi_host_concat` in
+    `keras/src/backend/tensorflow/trainer.py`). A host's replicas take its
+    per-replica batches in turn, so host `h` yields slices `h, H + h, ...,
+    (R - 1) * H + h` of each global batch, in that order.
 
     A batch of another size (the short last one) is dropped: a step needs
     the same global batch everywhere, and static shapes on a TPU. Each
-    host reads every batch and keeps its own slice, so the data is
+    host reads every batch and keeps its own slices, so the data is
     sharded once, here (`distribute_datasets_from_function` shards none).
     """
 
     def host_dataset(context: Any) -> Any:
-        hosts, host = context.num_input_pipelines, context.input_pipeline_id
-        share = global_batch_size // hosts
+        hosts, host, replicas = _pod_shape(context)
+        share = global_batch_size // (hosts * replicas)
+        starts = [(r * hosts + host) * share for r in range(replicas)]
         full = dataset.filter(
             lambda *batch: tf.equal(
                 _rows(tf.nest.flatten(batch)[0]), global_batch_size
             )
         )
         if hosts > 1:
-            full = full.map(lambda *batch: _sliced(batch, host * share, share))
+            full = full.map(lambda *batch: _sliced(batch, starts, share))
         return full.unbatch()
 
     return host_dataset
 
 
-def _sliced(batch: tuple[Any, ...], start: int, size: int) -> Any:
+def _sliced(batch: tuple[Any, ...], starts: list[int], size: int) -> Any:
+    """The rows `[start, start + size)` of `batch`, for each start, in
+    order."""
+
     def cut(value: Any) -> Any:
         if isinstance(value, tf.SparseTensor):
             shape = tf.unstack(value.dense_shape)
-            return tf.sparse.slice(
-                value,
-                [start] + [0] * (len(shape) - 1),
-                [size] + shape[1:],
-            )
-        return value[start : start + size]
+            parts = [
+                tf.sparse.slice(
+                    value,
+                    [start] + [0] * (len(shape) - 1),
+                    [size] + shape[1:],
+                )
+                for start in starts
+            ]
+            return parts[0] if len(parts) == 1 else tf.sparse.concat(0, parts)
+        parts = [value[start : start + size] for start in starts]
+        return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
     sliced = tf.nest.map_structure(cut, batch)
     return sliced[0] if len(sliced) == 1 else sliced
 
 
-def _sharded(dataset: Any) -> Callable[[Any], Any]:
+def _sharded(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
+    """Each host's share of a dataset of single examples, in the layout of
+    `_host_slices`, with only full global batches.
+
+    With a known length, the examples of the full global batches are cut
+    into per-replica chunks and host `h` keeps chunks `h, H + h, ...`
+    (`dataset.shard`; a global batch is `H * R` chunks, so that is slice
+    `r * H + h` of every global batch). With an unknown length, every host
+    must read the whole stream to know where the last full global batch
+    ends: the examples are batched into global batches and sliced.
+    """
+    cardinality = tf.get_static_value(dataset.cardinality())
+    if cardinality is None or cardinality == tf.data.UNKNOWN_CARDINALITY:
+        return _host_slices(
+            dataset.batch(global_batch_size, drop_remainder=True),
+            global_batch_size,
+        )
+
     def host_dataset(context: Any) -> Any:
-        if context.num_input_pipelines > 1:
-            return dataset.shard(
-                context.num_input_pipelines, context.input_pipeline_id
-            )
-        return dataset
+        hosts, host, replicas = _pod_shape(context)
+        share = global_batch_size // (hosts * replicas)
+        examples = dataset
+        if cardinality != tf.data.INFINITE_CARDINALITY:
+            full = int(cardinality) // global_batch_size * global_batch_size
+            examples = examples.take(full)
+        if hosts == 1:
+            return examples
+        chunks = examples.batch(share, drop_remainder=True)
+        return chunks.shard(hosts, host).unbatch()
 
     return host_dataset
 

@@ -72,8 +72,8 @@ def test_each_host_takes_its_slice_of_every_global_batch():
     numbers = tf.data.Dataset.range(9).map(
         lambda i: {"dense": i, "sparse": tf.sparse.from_dense([i + 100])}
     )
-    second_host = types.SimpleNamespace(
-        num_input_pipelines=2, input_pipeline_id=1
+    second_host = tf.distribute.InputContext(
+        num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2
     )
     host = distribute._host_slices(numbers.batch(4), 4)(second_host)
     got = [(int(x["dense"]), x["sparse"].values.numpy().tolist()) for x in host]
@@ -148,3 +148,103 @@ def test_weights_whose_ids_are_unknown_are_an_error():
     weights = tf.SparseTensor([[0, 0]], [2.0], [1, 1])
     with pytest.raises(ValueError, match=r"\['w'\] look like weights"):
         drop_negative_ids({"x": ids, "w": weights}, {}, set(), False)
+
+
+# Pod slices (issue 23, finding 7): `predict` on several hosts. Keras puts
+# the per-replica outputs of a multi-host TPUStrategy back in order with
+# `_tpu_multi_host_concat` (keras/src/backend/tensorflow/trainer.py), which
+# assumes replica r of host h got slice r * hosts + h of the global batch.
+
+
+def _per_host_datasets(dataset, global_batch_size, hosts, replicas):
+    """What `distribute_dataset` gives each host of a pod.
+
+    The stand-in strategy hands back the per-host dataset function that
+    `distribute_datasets_from_function` would call on each host.
+    """
+    captured = []
+    pod = types.SimpleNamespace(
+        num_replicas_in_sync=hosts * replicas,
+        distribute_datasets_from_function=lambda fn, options: captured.append(
+            fn
+        ),
+    )
+    kte.distribute_dataset(pod, dataset, global_batch_size)
+    (dataset_fn,) = captured
+    return [
+        list(
+            dataset_fn(
+                tf.distribute.InputContext(
+                    num_input_pipelines=hosts,
+                    input_pipeline_id=host,
+                    num_replicas_in_sync=hosts * replicas,
+                )
+            )
+        )
+        for host in range(hosts)
+    ]
+
+
+def _keras_predict_order(per_host, replicas):
+    """Each step's outputs as Keras' `predict` concatenates them.
+
+    A host's per-replica batches go to its replicas in turn (TF's
+    MultiDeviceIterator); TPUStrategy lists local results host by host.
+    """
+    from keras.src.backend.tensorflow.trainer import _tpu_multi_host_concat
+
+    steps = {len(batches) // replicas for batches in per_host}
+    assert len(steps) == 1, [len(b) for b in per_host]  # hosts agree
+    pod = types.SimpleNamespace(
+        experimental_local_results=lambda values: values,
+        extended=types.SimpleNamespace(num_replicas_per_host=replicas),
+    )
+    return [
+        _tpu_multi_host_concat(
+            [
+                batches[step * replicas + replica]
+                for batches in per_host
+                for replica in range(replicas)
+            ],
+            pod,
+        )
+        for step in range(steps.pop())
+    ]
+
+
+def _numbers(n):
+    return tf.data.Dataset.range(n).map(
+        lambda i: ({"dense": i, "sparse": tf.sparse.from_dense([i + 100])}, -i)
+    )
+
+
+@pytest.mark.parametrize("hosts, replicas", [(2, 1), (2, 2), (3, 2)])
+@pytest.mark.parametrize("kind", ["examples", "unknown_length", "batched"])
+def test_predict_on_a_pod_keeps_input_order(kind, hosts, replicas):
+    """Keras' reorder gives back each global batch in input order (before,
+    the rows came back permuted); a short last global batch is dropped on
+    every host alike."""
+    global_batch = 2 * hosts * replicas
+    n = 3 * global_batch + hosts * replicas + 1  # 3 full global batches
+    dataset = _numbers(n)
+    if kind == "unknown_length":
+        dataset = dataset.filter(lambda x, y: True)
+    if kind == "batched":
+        dataset = dataset.batch(global_batch)
+    per_host = _per_host_datasets(
+        dataset, None if kind == "batched" else global_batch, hosts, replicas
+    )
+    labels = _keras_predict_order(
+        [[y for _, y in batches] for batches in per_host], replicas
+    )
+    expected = -np.arange(3 * global_batch).reshape(3, global_batch)
+    np.testing.assert_array_equal(np.stack(labels), expected)
+    dense = _keras_predict_order(
+        [[x["dense"] for x, _ in batches] for batches in per_host], replicas
+    )
+    np.testing.assert_array_equal(np.stack(dense), -expected)
+    sparse = _keras_predict_order(
+        [[x["sparse"].values for x, _ in batches] for batches in per_host],
+        replicas,
+    )
+    np.testing.assert_array_equal(np.stack(sparse), 100 - expected)
