@@ -42,10 +42,15 @@ from __future__ import annotations
 
 from typing import Any
 from typing import Callable
+from typing import Sequence
 
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import to_embedding_column
+from keras_tpu_embed.ids import PADDING_ID
+from keras_tpu_embed.ids import densify
 from keras_tpu_embed.lookup import registry
+from keras_tpu_embed.preprocessing import tensor_core_widths
 
 # A tf.data.Dataset, or a function of tf.distribute.InputContext to one.
 DatasetOrFn = Any
@@ -82,6 +87,7 @@ def distribute_dataset(
     dataset_or_fn: DatasetOrFn,
     global_batch_size: int | None = None,
     preprocessor: Callable[[Any], Any] | None = None,
+    columns: Sequence[Any] | None = None,
 ) -> Any:
     """Distributes examples so that embedding ids stay on the host.
 
@@ -110,6 +116,9 @@ def distribute_dataset(
             per-replica batch (the first item of `(features, labels)`
             elements), typically a `kte.FeaturePreprocessor`, so that raw
             strings become ids inside the input pipeline.
+        columns: The model's embedding columns, for a TPU without an
+            embedding engine when `preprocessor` is not a
+            `kte.FeaturePreprocessor` of them (see below).
 
     On a TPU with an embedding engine, negative ids (the preprocessor's -1
     for out-of-vocabulary values without OOV buckets) are dropped from
@@ -117,6 +126,17 @@ def distribute_dataset(
     `InvalidArgumentError` in dense features the engine reads. Build the
     model under `strategy.scope()` first, so that the dense features of the
     engine are known. A distributed dataset passed in is not changed.
+
+    On a TPU without an embedding engine (e.g. v5e) every table runs the
+    tensor-core lookup (`lookup/dense_xla.py`), and each core holds every
+    table in full: that is what the tensor-core path is, not something
+    input can change. Its ids are made dense here, on the host:
+    `[per_replica_batch, width]` with the column's width
+    (`tensor_core_shape[1]`, or `max_sequence_length`), padded with -1 and
+    weights with 0, all shapes static, so the replica neither densifies
+    (no sparse op under XLA) nor recompiles. The columns come from
+    `preprocessor.columns` or `columns`; without either, sparse or ragged
+    features are an error there.
 
     Returns:
         A `tf.distribute.DistributedDataset` for `model.fit`, `evaluate` and
@@ -126,8 +146,9 @@ def distribute_dataset(
         ValueError: a distributed dataset that fetches to device, a batch
             size that is not a positive multiple of the replica count, a
             function without a batch size, a dataset of single examples
-            without one, or (with an engine) sparse ids with negative
-            values whose weight feature cannot be told.
+            without one, (with an engine) sparse ids with negative
+            values whose weight feature cannot be told, or (on a TPU
+            without one) sparse or ragged features with no columns known.
 
     Example:
 
@@ -178,12 +199,14 @@ def distribute_dataset(
         )
 
     clean_ids = _engine_id_filter(strategy, preprocessor)
+    batch_size = global_batch_size
 
     def dataset_fn(context: Any) -> Any:
         dataset = make_host_dataset(context)
-        per_replica = context.get_per_replica_batch_size(global_batch_size)
+        per_replica = context.get_per_replica_batch_size(batch_size)
         dataset = dataset.batch(per_replica, drop_remainder=True)
-        for step in (preprocessor, clean_ids):
+        pad = _tensor_core_padding(strategy, preprocessor, columns, per_replica)
+        for step in (preprocessor, clean_ids, pad):
             if step is not None:
                 dataset = dataset.map(
                     _on_features(step), num_parallel_calls=tf.data.AUTOTUNE
@@ -358,6 +381,65 @@ def _engine_id_filter(
         )
 
     return clean
+
+
+def _tensor_core_padding(
+    strategy: Any,
+    preprocessor: Any,
+    columns: Sequence[Any] | None,
+    per_replica: int,
+) -> Callable[[Any], Any] | None:
+    """On a TPU without an engine: tensor-core ids dense and static."""
+    hardware = tpu_hardware.embedding_hardware(strategy)
+    if hardware is not tpu_hardware.EmbeddingHardware.NO_ENGINE:
+        return None
+    known = list(columns or []) + list(
+        getattr(preprocessor, "columns", None) or []
+    )
+    widths = tensor_core_widths(known, engine_falls_back=True)
+    weight_of: dict[str, str] = {}
+    for column in known:
+        try:
+            column = to_embedding_column(column)
+        except TypeError:
+            continue
+        if column.feature_key in widths and column.weight_feature_key:
+            weight_of[column.feature_key] = column.weight_feature_key
+
+    def padded(value: Any, width: int, pad: Any) -> Any:
+        # The same densify the replica would run (`DenseTableLookup`), with
+        # the batch size it cannot see made static.
+        return tf.ensure_shape(densify(value, width, pad), [per_replica, width])
+
+    def pad(features: Any) -> Any:
+        if not isinstance(features, dict):
+            return features
+        if not widths:
+            unknown = sorted(
+                key
+                for key, value in features.items()
+                if isinstance(value, (tf.SparseTensor, tf.RaggedTensor))
+            )
+            if unknown:
+                raise ValueError(
+                    "This TPU has no embedding engine, so its lookups run "
+                    "on the tensor core, which needs dense ids of static "
+                    f"shape; the features {unknown} are sparse or ragged, "
+                    "and distribute_dataset knows no columns to pad them "
+                    "to. Pass preprocessor=kte.FeaturePreprocessor(columns) "
+                    "or columns=[...] (the model's embedding columns)."
+                )
+            return features
+        out = dict(features)
+        for key, width in widths.items():
+            if key in features:
+                out[key] = padded(features[key], width, PADDING_ID)
+            weights_key = weight_of.get(key)
+            if weights_key and weights_key in features:
+                out[weights_key] = padded(features[weights_key], width, 0.0)
+        return out
+
+    return pad
 
 
 def drop_negative_ids(
