@@ -241,8 +241,11 @@ def table_rows(
       the rows are drawn from their own counter (`_stateless_rows`).
 
     Any other initializer (e.g. `GlorotUniform`, whose scale depends on
-    the whole shape, or a `SeedGenerator` seed, which draws a new table
-    per call) makes the whole table on each host, which is then sliced.
+    the whole shape) makes the whole table on each host, which is then
+    sliced. One that draws a new table per call (a `SeedGenerator` seed, an
+    unseeded `tf.random` or TF1 initializer) has no one table to agree
+    with: its hosts' rows then come from different draws, so they do not
+    repeat, but no two calls give the same table on any device.
     """
     dtype = tf.as_dtype(dtype or keras.config.floatx())
     rows_of = getattr(initializer, "table_rows", None)
