@@ -43,6 +43,8 @@ from keras.src.backend.common.stateless_scope import (  # noqa: E402
 from keras.src.backend.common.symbolic_scope import (  # noqa: E402
     in_symbolic_scope as keras_in_symbolic_scope,
 )
+from keras.src.backend.tensorflow.random import _cast_seed as keras_cast_seed  # noqa: E402
+from keras.src.random.seed_generator import draw_seed as keras_draw_seed  # noqa: E402
 from keras.src.utils.io_utils import print_msg  # noqa: E402
 from tensorflow.python.feature_column import (  # noqa: E402
     feature_column_v2 as tf_feature_column_v2,
@@ -52,6 +54,12 @@ from tensorflow.python.feature_column import (  # noqa: E402
 )
 from tensorflow.python.ops import init_ops as tf_init_ops  # noqa: E402
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_feature_column_v2  # noqa: E402
+
+
+def keras_random_seed(seed: int) -> Any:
+    """The `[2]` int32 seed Keras' TF backend gives `tf.random.stateless_*`
+    for an initializer's integer `seed` (`backend/tensorflow/random.py`)."""
+    return keras_cast_seed(keras_draw_seed(seed))
 
 
 def nested_layers(layer: Any) -> list[Any]:
@@ -88,6 +96,7 @@ __all__ = [
     "tf_init_ops",
     "keras_in_stateless_scope",
     "keras_in_symbolic_scope",
+    "keras_random_seed",
     "nested_layers",
     "print_msg",
     "tf_tpu_feature_column_v2",

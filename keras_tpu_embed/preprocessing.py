@@ -67,8 +67,18 @@ def categorical_columns_of(
     return list(by_key.values())
 
 
-def tensor_core_widths(columns: Iterable[Any]) -> dict[str, int]:
-    """Feature keys read only by tensor-core columns, and their widths."""
+def tensor_core_widths(
+    columns: Iterable[Any], engine_falls_back: bool = False
+) -> dict[str, int]:
+    """Feature keys read only by tensor-core columns, and their widths.
+
+    Args:
+        columns: Embedding columns (categorical ones are skipped: their
+            lookups are not known).
+        engine_falls_back: On a TPU without an embedding engine, columns
+            for the engine run on the tensor core too
+            (`devices.training_device`); those with a width count here.
+    """
     widths: dict[str, int] = {}
     host: set[str] = set()
     for column in columns:
@@ -76,7 +86,12 @@ def tensor_core_widths(columns: Iterable[Any]) -> dict[str, int]:
             column = to_embedding_column(column)
         except TypeError:
             continue  # a categorical column: its lookups are not known here
-        if column.lookup_device is LookupDevice.TPU_TENSOR_CORE:
+        falls_back = (
+            engine_falls_back
+            and column.lookup_device is not LookupDevice.CPU
+            and (column.is_sequence or column.tensor_core_shape is not None)
+        )
+        if column.lookup_device is LookupDevice.TPU_TENSOR_CORE or falls_back:
             key = column.feature_key
             widths[key] = max(widths.get(key, 0), width_of(column))
         else:
@@ -136,6 +151,11 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
         self._mappers = [IdMapper(c) for c in self.categorical_columns]
         self._warned_extra_keys = False
         self.built = True
+
+    @property
+    def columns(self) -> list[Any]:
+        """The columns it was made from (TF's converted to this package's)."""
+        return list(self._columns_arg)
 
     @property
     def lookup_tables(self) -> list[Any]:

@@ -121,6 +121,33 @@ class CheckpointInitializer(keras.initializers.Initializer):  # type: ignore[mis
         self.table = table
 
     def __call__(self, shape: Any, dtype: Any = None) -> Tensor:
+        reader = self._checked_reader(shape)
+        value = reader.get_tensor(self.tensor_name)
+        return tf.constant(value, dtype=dtype or "float32")
+
+    def table_rows(
+        self, shape: Any, start: int, count: int, dtype: Any = None
+    ) -> Tensor:
+        """Rows `[start, start + count)` of the table, read alone.
+
+        What a TPU pod host asks for (`initialization.EngineInitializer`):
+        its shard of the table, read from the checkpoint without the rest.
+        """
+        reader = self._checked_reader(shape)
+        rows, dimension = (int(d) for d in shape)
+        stored = reader.get_variable_to_dtype_map()[self.tensor_name]
+        prefix = self.checkpoint
+        if tf.io.gfile.isdir(prefix):
+            prefix = tf.train.latest_checkpoint(prefix)
+        (value,) = tf.raw_ops.RestoreV2(
+            prefix=prefix,
+            tensor_names=[self.tensor_name],
+            shape_and_slices=[f"{rows} {dimension} {start},{count}:-"],
+            dtypes=[stored],
+        )
+        return tf.cast(value, dtype or "float32")
+
+    def _checked_reader(self, shape: Any) -> Any:
         where = (
             f"table '{self.table}' (ckpt_to_load_from={self.checkpoint!r}, "
             f"tensor_name_in_ckpt={self.tensor_name!r})"
@@ -149,8 +176,7 @@ class CheckpointInitializer(keras.initializers.Initializer):  # type: ignore[mis
                 "the table's tensor, or give the column the checkpoint's "
                 "vocabulary and dimension."
             )
-        value = reader.get_tensor(self.tensor_name)
-        return tf.constant(value, dtype=dtype or "float32")
+        return reader
 
     def get_config(self) -> dict[str, Any]:
         return {

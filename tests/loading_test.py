@@ -225,8 +225,9 @@ SWEEP_DOC = os.path.join(
 
 
 def _readme_sweep_figures():
-    """The damage sweep table of docs/bad-input.md as {(kind, outcome): count}, and the
-    (TensorFlow, Keras) versions its figures were taken on."""
+    """The damage sweep table of docs/bad-input.md as
+    {(kind, outcome): count}, and the (TensorFlow, Keras) versions its
+    figures were taken on."""
     text = open(SWEEP_DOC).read()
     versions = re.search(
         r"Figures on TensorFlow ([0-9.]+) / Keras ([0-9.]+):", text
@@ -358,7 +359,8 @@ def test_damage_sweep(tmp_path):
         for v, want in zip((tf.__version__, keras.__version__), versions)
     ):
         assert {k: v for k, v in outcomes.items() if v} == stated, (
-            f"docs/bad-input.md damage sweep table: {stated}, this run: {outcomes}"
+            f"docs/bad-input.md damage sweep table: {stated}, "
+            f"this run: {outcomes}"
         )
 
 
