@@ -46,14 +46,30 @@ from keras.src.backend.common.symbolic_scope import (  # noqa: E402
 from keras.src.backend.tensorflow.random import _cast_seed as keras_cast_seed  # noqa: E402
 from keras.src.random.seed_generator import draw_seed as keras_draw_seed  # noqa: E402
 from keras.src.utils.io_utils import print_msg  # noqa: E402
+
+# For `keras_tpu_embed.testing` only: the TPU strategy it subclasses and the
+# chip ops it replaces have no public API.
+from tensorflow.python.distribute import distribute_lib as tf_distribute_lib  # noqa: E402
+from tensorflow.python.distribute import (  # noqa: E402
+    mirrored_strategy as tf_mirrored_strategy,
+)
+from tensorflow.python.distribute import tpu_strategy as tf_tpu_strategy  # noqa: E402
+from tensorflow.python.distribute import tpu_util as tf_tpu_util  # noqa: E402
 from tensorflow.python.feature_column import (  # noqa: E402
     feature_column_v2 as tf_feature_column_v2,
 )
 from tensorflow.python.feature_column import (  # noqa: E402
     sequence_feature_column as tf_sequence_feature_column,
 )
+from tensorflow.python.framework import ops as tf_ops  # noqa: E402
+from tensorflow.python.ops import control_flow_ops as tf_control_flow_ops  # noqa: E402
 from tensorflow.python.ops import init_ops as tf_init_ops  # noqa: E402
+from tensorflow.python.ops import (  # noqa: E402
+    resource_variable_ops as tf_resource_variable_ops,
+)
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_feature_column_v2  # noqa: E402
+from tensorflow.python.tpu import tpu_replication as tf_tpu_replication  # noqa: E402
+from tensorflow.python.tpu.ops import tpu_ops as tf_tpu_ops  # noqa: E402
 
 
 def keras_random_seed(seed: int) -> Any:
@@ -91,7 +107,16 @@ __all__ = [
     "caller_stacklevel",
     "tf",
     "keras",
+    "tf_control_flow_ops",
+    "tf_distribute_lib",
     "tf_feature_column_v2",
+    "tf_mirrored_strategy",
+    "tf_ops",
+    "tf_resource_variable_ops",
+    "tf_tpu_ops",
+    "tf_tpu_replication",
+    "tf_tpu_strategy",
+    "tf_tpu_util",
     "tf_sequence_feature_column",
     "tf_init_ops",
     "keras_in_stateless_scope",

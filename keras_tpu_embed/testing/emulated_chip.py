@@ -37,16 +37,18 @@ import threading
 from typing import Any
 from typing import Callable
 
-from keras_tpu_embed._compat import tf
-from keras_tpu_embed.testing import engine_rules
-from keras_tpu_embed.types import Tensor
-
-from tensorflow.core.protobuf.tpu import (  # isort: skip
+from tensorflow.core.protobuf.tpu import (
     tpu_embedding_configuration_pb2 as config_pb2,
 )
-from tensorflow.python.distribute import distribute_lib  # isort: skip
-from tensorflow.python.ops import resource_variable_ops  # isort: skip
-from tensorflow.python.tpu.ops import tpu_ops  # isort: skip
+
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
+from keras_tpu_embed._compat import (
+    tf_resource_variable_ops as resource_variable_ops,
+)
+from keras_tpu_embed._compat import tf_tpu_ops as tpu_ops
+from keras_tpu_embed.testing import engine_rules
+from keras_tpu_embed.types import Tensor
 
 
 @dataclasses.dataclass

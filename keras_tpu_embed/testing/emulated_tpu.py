@@ -36,16 +36,16 @@ from typing import Any
 from typing import Iterator
 from typing import Literal
 
-from keras_tpu_embed._compat import tf
-from keras_tpu_embed.testing.emulated_chip import EmulatedChip
+from tensorflow.core.framework import attr_value_pb2
 
-from tensorflow.core.framework import attr_value_pb2  # isort: skip
-from tensorflow.python.distribute import mirrored_strategy  # isort: skip
-from tensorflow.python.distribute import tpu_strategy  # isort: skip
-from tensorflow.python.distribute import tpu_util  # isort: skip
-from tensorflow.python.framework import ops  # isort: skip
-from tensorflow.python.ops import control_flow_ops  # isort: skip
-from tensorflow.python.tpu import tpu_replication  # isort: skip
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_control_flow_ops as control_flow_ops
+from keras_tpu_embed._compat import tf_mirrored_strategy as mirrored_strategy
+from keras_tpu_embed._compat import tf_ops as ops
+from keras_tpu_embed._compat import tf_tpu_replication as tpu_replication
+from keras_tpu_embed._compat import tf_tpu_strategy as tpu_strategy
+from keras_tpu_embed._compat import tf_tpu_util as tpu_util
+from keras_tpu_embed.testing.emulated_chip import EmulatedChip
 
 EmbeddingFeature = Literal["V1", "V2", "UNSUPPORTED"]
 EMBEDDING_FEATURES: tuple[str, ...] = ("V1", "V2", "UNSUPPORTED")
