@@ -12,6 +12,11 @@ import tensorflow as tf  # noqa: E402
 
 import keras_tpu_embed as kte  # noqa: E402
 
+# tests/emulated splits the CPU into logical devices, which only works
+# before TensorFlow starts: tests/emulated_tpu_test.py runs it in a process
+# of its own (`pytest tests/emulated`, named explicitly, is still collected).
+collect_ignore = ["tests/emulated"]
+
 
 def pytest_collection_modifyitems(config, items):
     if "TPU_NAME" in os.environ:
