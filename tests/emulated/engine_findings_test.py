@@ -1,0 +1,60 @@
+"""Issue 23's engine findings, each on the path a user takes first.
+
+Finding 1: the first `fit` step crashed under `TPUStrategy` (and
+`MirroredStrategy`): `embedding_step` is only-first-replica, and its
+`assign_add` in a replica returns a plain tensor with no `read_value`.
+
+protobuf: TF 2.21 writes the bool `low_dimensional_packing_status` into an
+enum field of the engine's proto, which protobuf refuses, so the engine
+(`TPUEmbedding.build`, at the first enqueue) could not be built with any
+optimizer.
+"""
+
+import keras
+import pytest
+
+import keras_tpu_embed as kte
+from keras_tpu_embed.testing import emulated_tpu
+from tests.emulated import models
+
+ENGINE_OPTIMIZERS = {
+    "sgd": kte.optimizers.SGD(0.1),
+    "adagrad": kte.optimizers.Adagrad(0.1),
+    "adagrad_momentum": kte.optimizers.AdagradMomentum(0.1, momentum=0.5),
+    "adam": kte.optimizers.Adam(0.01),
+    "ftrl": kte.optimizers.FTRL(0.1),
+}
+PROTO_RULES = {
+    "sgd": "stochastic_gradient_descent",
+    "adagrad": "adagrad",
+    "adagrad_momentum": "adagrad_momentum",
+    "adam": "adam",
+    "ftrl": "ftrl",
+}
+
+
+def _one_step(model, strategy):
+    model.fit(models.batches(strategy), steps_per_epoch=1, verbose=0)
+
+
+def test_first_fit_step_on_two_replicas_counts_the_step_once():
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        model = models.build_emulated(strategy, "sgd")
+        _one_step(model, strategy)
+        assert int(model.get_layer("embed").embedding_step.numpy()) == 1
+        assert int(model.optimizer.iterations.numpy()) == 1
+
+
+@pytest.mark.parametrize("name", sorted(ENGINE_OPTIMIZERS))
+def test_engine_builds_with_every_optimizer(name):
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        keras.utils.set_random_seed(models.SEED)
+        with strategy.scope():
+            model = models.build(ENGINE_OPTIMIZERS[name])
+        _one_step(model, strategy)
+        mid_level = model.get_layer("embed").engine.mid_level
+        assert mid_level._built
+        table = mid_level._config_proto.table_descriptor[0]
+        rule = table.optimization_parameters.WhichOneof("parameters")
+        assert rule == PROTO_RULES[name]
+        assert int(model.get_layer("embed").embedding_step.numpy()) == 1
