@@ -96,3 +96,30 @@ def test_save_weights_before_the_first_step_refuses(tmp_path):
         model = models.build_emulated(strategy, "adam")
         with pytest.raises(RuntimeError, match="first step"):
             model.save_weights(str(tmp_path / "early.weights.h5"))
+
+
+def test_backup_and_restore_resumes_with_the_engine_tables(tmp_path):
+    expected = models.one_device("adam", epochs=2)
+
+    def backup():
+        return keras.callbacks.BackupAndRestore(
+            str(tmp_path / "backup"), delete_checkpoint=False
+        )
+
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        first = models.build_emulated(strategy, "adam")
+        first.fit(
+            models.batches(strategy), epochs=1, verbose=0, callbacks=[backup()]
+        )
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        # Other initial values: everything must come from the backup.
+        keras.utils.set_random_seed(9)
+        with strategy.scope():
+            model = models.build(models.OPTIMIZERS["adam"]())
+        model.fit(
+            models.batches(strategy), epochs=2, verbose=0, callbacks=[backup()]
+        )
+        models.assert_values_equal(
+            models.engine_values(model), models.local_values(expected)
+        )
+        assert int(model.get_layer("embed").embedding_step.numpy()) == 8
