@@ -29,16 +29,25 @@ OPTIMIZERS = {
 
 
 def build(optimizer):
-    """Two engine tables and a dense head; one id per example.
+    """Two tables and a dense head; one id per example.
+
+    On a TPU without an engine ("UNSUPPORTED") the tables fall back to the
+    tensor core, which needs `tensor_core_shape`.
 
     TF's enqueue refuses dense ids of width > 1 (it reduces the last
     dimension only when it is 1), so multivalent ids are not used here.
     """
     user = kte.embedding_column(
-        kte.categorical_column_with_identity("user", 20), 4, combiner="sum"
+        kte.categorical_column_with_identity("user", 20),
+        4,
+        combiner="sum",
+        tensor_core_shape=(None, 1),
     )
     item = kte.embedding_column(
-        kte.categorical_column_with_identity("item", 15), 3, combiner="mean"
+        kte.categorical_column_with_identity("item", 15),
+        3,
+        combiner="mean",
+        tensor_core_shape=(None, 1),
     )
     inputs = {
         "user": keras.Input((1,), dtype="int64", name="user"),
@@ -102,6 +111,13 @@ def engine_values(model):
                 [shard.numpy() for shard in variable.variables]
             )
     return values
+
+
+def table_values(model):
+    """The tables and slots wherever they are: the engine or the layer."""
+    if model.get_layer("embed").engine is not None:
+        return engine_values(model)
+    return local_values(model)
 
 
 def local_values(model):
