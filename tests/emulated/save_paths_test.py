@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import keras_tpu_embed as kte
 from keras_tpu_embed.testing import emulated_tpu
 from tests.emulated import models
 
@@ -123,3 +124,56 @@ def test_backup_and_restore_resumes_with_the_engine_tables(tmp_path):
             models.engine_values(model), models.local_values(expected)
         )
         assert int(model.get_layer("embed").embedding_step.numpy()) == 8
+
+
+def _mixed_model(optimizer):
+    """'user' on the engine, 'item' on the tensor core: one layer, both."""
+    user = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20), 4
+    )
+    item = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 15),
+        3,
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=(None, 1),
+    )
+    inputs = {
+        "user": keras.Input((1,), dtype="int64", name="user"),
+        "item": keras.Input((1,), dtype="int64", name="item"),
+    }
+    embedded = kte.TPUEmbeddingLayer(
+        [user, item],
+        config=kte.EmbeddingConfig(optimizer=optimizer),
+        name="embed",
+    )(inputs)
+    joined = keras.layers.Concatenate()(
+        [embedded["user_embedding"], embedded["item_embedding"]]
+    )
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(joined))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_save_weights_of_a_mixed_layer_carries_both_kinds(tmp_path):
+    path = str(tmp_path / "mixed.weights.h5")
+    keras.utils.set_random_seed(models.SEED)
+    expected = _mixed_model(kte.optimizers.Adagrad(0.1))
+    expected.fit(
+        models.batches(tf.distribute.get_strategy()), epochs=1, verbose=0
+    )
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        keras.utils.set_random_seed(models.SEED)
+        with strategy.scope():
+            model = _mixed_model(kte.optimizers.Adagrad(0.1))
+        layer = model.get_layer("embed")
+        assert [t.name for t in layer.local_table_specs] == ["item"]
+        assert layer.engine is not None
+        model.fit(models.batches(strategy), epochs=1, verbose=0)
+        engine = models.engine_values(model)
+        assert sorted(engine) == ["user", "user/accumulators"]
+        model.save_weights(path)
+    cpu = _mixed_model(kte.optimizers.Adagrad(0.1))
+    cpu.load_weights(path)
+    values = models.local_values(cpu)
+    models.assert_values_equal(values, models.local_values(expected))
+    models.assert_values_equal({name: values[name] for name in engine}, engine)
