@@ -12,9 +12,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_emulated_tpu_suite_passes():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run(
