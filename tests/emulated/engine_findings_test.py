@@ -11,7 +11,9 @@ optimizer.
 """
 
 import keras
+import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.testing import emulated_tpu
@@ -58,3 +60,48 @@ def test_engine_builds_with_every_optimizer(name):
         rule = table.optimization_parameters.WhichOneof("parameters")
         assert rule == PROTO_RULES[name]
         assert int(model.get_layer("embed").embedding_step.numpy()) == 1
+
+
+def test_engine_builds_with_a_users_raw_tf_optimizer():
+    """A raw `FeatureConfig` whose table has its own TF optimizer."""
+    raw = tf.tpu.experimental.embedding.FeatureConfig(
+        table=tf.tpu.experimental.embedding.TableConfig(
+            vocabulary_size=10,
+            dim=2,
+            name="their_table",
+            optimizer=tf.tpu.experimental.embedding.Adagrad(0.1),
+        ),
+        name="their_feature",
+    )
+    config = kte.EmbeddingConfig(feature_to_config_dict={"their_feature": raw})
+    ids = np.arange(16, dtype=np.int64)[:, None]
+    data = tf.data.Dataset.from_tensor_slices(
+        ({"user": ids % 20, "their_feature": ids % 10}, np.ones((16, 1)))
+    )
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        with strategy.scope():
+            inputs = {
+                key: keras.Input((1,), dtype="int64", name=key)
+                for key in ("user", "their_feature")
+            }
+            user = kte.embedding_column(
+                kte.categorical_column_with_identity("user", 20), 4
+            )
+            outputs = kte.TPUEmbeddingLayer(
+                [user], config=config, name="embed"
+            )(inputs)
+            joined = keras.layers.Concatenate()(
+                [outputs[key] for key in sorted(outputs)]
+            )
+            model = keras.Model(inputs, keras.layers.Dense(1)(joined))
+            model.compile(optimizer="sgd", loss="mse")
+        model.fit(kte.distribute_dataset(strategy, data, 8), verbose=0)
+        mid_level = model.get_layer("embed").engine.mid_level
+        rules = {
+            table.name: table.optimization_parameters.WhichOneof("parameters")
+            for table in mid_level._config_proto.table_descriptor
+        }
+        assert rules == {
+            "their_table": "adagrad",
+            "user": "stochastic_gradient_descent",
+        }
