@@ -17,8 +17,41 @@ import keras_tpu_embed as kte  # noqa: E402
 # of its own (`pytest tests/emulated`, named explicitly, is still collected).
 collect_ignore = ["tests/emulated"]
 
+# The test files that start processes, train to convergence or export many
+# SavedModels, costliest first: over 90% of the suite's time (seconds of
+# `pytest --durations=0` on 2 shared cores, 2026-11-24, in comments). Every
+# other test, and every doctest, is marked `fast`: `pytest -q -m fast -n 2`
+# is the change-test loop (under a minute).
+SLOW_FILES = (
+    "replicas_test.py",  # 258
+    "benchmarks_test.py",  # 130, one module fixture
+    "quantization_test.py",  # 97
+    "notebooks_test.py",  # 52
+    "emulated_tpu_test.py",  # 45, one subprocess: tests/emulated
+    "install_test.py",  # 40
+    "save_paths_test.py",  # 38
+    "legacy_reference_test.py",  # 36, one module fixture
+    "docs_test.py",  # 35
+    "serving_devices_test.py",  # 34
+    "padded_host_test.py",  # 31
+    "serving_test.py",  # 28
+    "examples_test.py",  # 24
+    "demo_test.py",  # 24
+    "dense_xla_test.py",  # 20
+    "embedding_core_test.py",  # 16
+    "loading_test.py",  # 13
+)
+
 
 def pytest_collection_modifyitems(config, items):
+    # Costliest files first: `-n 2 --dist loadfile` gives each worker whole
+    # files (a module fixture runs once), and starting the long ones first
+    # keeps one worker from finishing a long file alone at the end.
+    rank = {name: i for i, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    for item in items:
+        if "slow" not in item.keywords and item.path.name not in rank:
+            item.add_marker(pytest.mark.fast)
     if "TPU_NAME" in os.environ:
         return
     skip = pytest.mark.skip(reason="needs a TPU VM (set TPU_NAME)")

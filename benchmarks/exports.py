@@ -159,6 +159,9 @@ def export_kte(
     for key, variable in candidates._kte_tables(layers).items():
         variable.assign(values[key])
     extra = {} if table_dtype == "float32" else {"table_dtype": table_dtype}
+    if "inputs" in inspect.signature(kte.export_saved_model).parameters:
+        # The model takes ids (dense, as the workload feeds them).
+        extra.update(inputs="ids", verbose=False)
     kte.export_saved_model(model, path, lookup_device=device, **extra)
 
 

@@ -6,6 +6,7 @@ needs are imported here so that a TensorFlow upgrade breaks one module.
 """
 
 import os
+import sys
 from typing import Any
 
 _BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow")
@@ -42,6 +43,9 @@ from keras.src.backend.common.stateless_scope import (  # noqa: E402
 from keras.src.backend.common.symbolic_scope import (  # noqa: E402
     in_symbolic_scope as keras_in_symbolic_scope,
 )
+from keras.src.backend.tensorflow.random import _cast_seed as keras_cast_seed  # noqa: E402
+from keras.src.random.seed_generator import draw_seed as keras_draw_seed  # noqa: E402
+from keras.src.utils.io_utils import print_msg  # noqa: E402
 from tensorflow.python.feature_column import (  # noqa: E402
     feature_column_v2 as tf_feature_column_v2,
 )
@@ -52,12 +56,39 @@ from tensorflow.python.ops import init_ops as tf_init_ops  # noqa: E402
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_feature_column_v2  # noqa: E402
 
 
+def keras_random_seed(seed: int) -> Any:
+    """The `[2]` int32 seed Keras' TF backend gives `tf.random.stateless_*`
+    for an initializer's integer `seed` (`backend/tensorflow/random.py`)."""
+    return keras_cast_seed(keras_draw_seed(seed))
+
+
 def nested_layers(layer: Any) -> list[Any]:
     """Every layer inside `layer`, at any depth (Keras keeps this private)."""
     return list(layer._flatten_layers(include_self=False))
 
 
+def caller_stacklevel() -> int:
+    """The `stacklevel` of a warning raised by the caller of this function
+    that points at the first frame outside this package, Keras and
+    TensorFlow: a layer's `call` runs under a varying depth of Keras
+    frames, so a fixed `stacklevel` names Keras' `traceback_utils.py`."""
+    internal = tuple(
+        os.path.dirname(module.__file__) + os.sep
+        for module in (sys.modules[__package__ or "keras_tpu_embed"], keras, tf)
+        if module.__file__
+    )
+    frame = sys._getframe(1)  # the function that warns: stacklevel 1
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(
+        internal
+    ):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 __all__ = [
+    "caller_stacklevel",
     "tf",
     "keras",
     "tf_feature_column_v2",
@@ -65,6 +96,8 @@ __all__ = [
     "tf_init_ops",
     "keras_in_stateless_scope",
     "keras_in_symbolic_scope",
+    "keras_random_seed",
     "nested_layers",
+    "print_msg",
     "tf_tpu_feature_column_v2",
 ]

@@ -206,6 +206,8 @@ def run(
         _dataset(preprocessor, *train, batch_size, shuffle=True),
         epochs=epochs,
         verbose=2 if os.environ.get("CI") else 1,
+        # tf.data shuffles; Keras' default shuffle=True would only warn.
+        shuffle=False,
     )
     evaluation = model.evaluate(
         _dataset(preprocessor, *held_out, 1024, shuffle=False),
@@ -215,8 +217,8 @@ def run(
     print(f"Held-out AUC: {evaluation['auc']:.4f}")
 
     export_dir = os.path.join(output_dir, "serving")
+    # Prints the signatures and the output key ('click').
     kte.export_saved_model(model, export_dir, preprocessor=preprocessor)
-    print(f"Exported SavedModel to {export_dir}")
 
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]
     sample = {k: v[:5] for k, v in held_out[0].items()}

@@ -13,6 +13,21 @@ its own share (multi-host) and `model.fit` does not shard it again. Batches
 are cut per replica with `drop_remainder=True`: the TPU step needs static
 shapes. The batch size a user gives is always the global one.
 
+On a pod (`H` hosts, `R` replicas each) replica `r` of host `h` gets slice
+`r * H + h` of each global batch: `experimental_distribute_dataset`'s
+order, which Keras' `predict` undoes on a multi-host `TPUStrategy`
+(`_tpu_multi_host_concat` in `keras/src/backend/tensorflow/trainer.py`), so
+predictions come back in input order. What each host reads:
+
+- a dataset of single examples of known length (or infinite): each host
+  keeps only its per-replica chunks (`dataset.shard`), but iterates the
+  examples before them as `dataset.shard` does;
+- a dataset of single examples of unknown length, or a batched dataset:
+  every host reads the whole stream, to cut each global batch (and to find
+  the last full one);
+- a function of `tf.distribute.InputContext`: each host reads what the
+  function opens (e.g. its own files), and nothing else.
+
 On a TPU with an embedding engine, negative ids are also dealt with here, on
 the host: the engine has no rule for them (the host lookups skip them), and
 nothing can be computed between the dataset and TF's enqueue, which only
@@ -27,10 +42,15 @@ from __future__ import annotations
 
 from typing import Any
 from typing import Callable
+from typing import Sequence
 
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import to_embedding_column
+from keras_tpu_embed.ids import PADDING_ID
+from keras_tpu_embed.ids import densify
 from keras_tpu_embed.lookup import registry
+from keras_tpu_embed.preprocessing import tensor_core_widths
 
 # A tf.data.Dataset, or a function of tf.distribute.InputContext to one.
 DatasetOrFn = Any
@@ -67,6 +87,7 @@ def distribute_dataset(
     dataset_or_fn: DatasetOrFn,
     global_batch_size: int | None = None,
     preprocessor: Callable[[Any], Any] | None = None,
+    columns: Sequence[Any] | None = None,
 ) -> Any:
     """Distributes examples so that embedding ids stay on the host.
 
@@ -79,11 +100,13 @@ def distribute_dataset(
             split over the replicas in order; a batch of another size than
             the first (a short last batch) is dropped. Or a
             `tf.data.Dataset` of single examples (features, labels), with
-            `global_batch_size`, which is split over the input hosts; or a
-            function of
-            `tf.distribute.InputContext` that returns this host's dataset of
-            single examples (it shards itself, e.g. by file); or a
-            distributed dataset already made with
+            `global_batch_size`, cut into global batches of consecutive
+            examples (a short last one is dropped) and split over the hosts
+            as above; or a function of `tf.distribute.InputContext` that
+            returns this host's dataset of single examples (it shards
+            itself, e.g. by file; on a pod, step `s` of `predict` returns
+            host 0's `(s * R + r)`-th per-replica batch, then host 1's, for
+            `r = 0, 1, ...`); or a distributed dataset already made with
             `experimental_fetch_to_device=False`, returned as it is.
         global_batch_size: The batch over all replicas, for single
             examples; each replica gets `global_batch_size /
@@ -93,6 +116,9 @@ def distribute_dataset(
             per-replica batch (the first item of `(features, labels)`
             elements), typically a `kte.FeaturePreprocessor`, so that raw
             strings become ids inside the input pipeline.
+        columns: The model's embedding columns, for a TPU without an
+            embedding engine when `preprocessor` is not a
+            `kte.FeaturePreprocessor` of them (see below).
 
     On a TPU with an embedding engine, negative ids (the preprocessor's -1
     for out-of-vocabulary values without OOV buckets) are dropped from
@@ -100,6 +126,17 @@ def distribute_dataset(
     `InvalidArgumentError` in dense features the engine reads. Build the
     model under `strategy.scope()` first, so that the dense features of the
     engine are known. A distributed dataset passed in is not changed.
+
+    On a TPU without an embedding engine (e.g. v5e) every table runs the
+    tensor-core lookup (`lookup/dense_xla.py`), and each core holds every
+    table in full: that is what the tensor-core path is, not something
+    input can change. Its ids are made dense here, on the host:
+    `[per_replica_batch, width]` with the column's width
+    (`tensor_core_shape[1]`, or `max_sequence_length`), padded with -1 and
+    weights with 0, all shapes static, so the replica neither densifies
+    (no sparse op under XLA) nor recompiles. The columns come from
+    `preprocessor.columns` or `columns`; without either, sparse or ragged
+    features are an error there.
 
     Returns:
         A `tf.distribute.DistributedDataset` for `model.fit`, `evaluate` and
@@ -109,8 +146,9 @@ def distribute_dataset(
         ValueError: a distributed dataset that fetches to device, a batch
             size that is not a positive multiple of the replica count, a
             function without a batch size, a dataset of single examples
-            without one, or (with an engine) sparse ids with negative
-            values whose weight feature cannot be told.
+            without one, (with an engine) sparse ids with negative
+            values whose weight feature cannot be told, or (on a TPU
+            without one) sparse or ragged features with no columns known.
 
     Example:
 
@@ -150,7 +188,7 @@ def distribute_dataset(
     if batched:
         make_host_dataset = _host_slices(dataset_or_fn, global_batch_size)
     elif isinstance(dataset_or_fn, tf.data.Dataset):
-        make_host_dataset = _sharded(dataset_or_fn)
+        make_host_dataset = _sharded(dataset_or_fn, global_batch_size)
     elif callable(dataset_or_fn):
         make_host_dataset = dataset_or_fn
     else:
@@ -161,12 +199,14 @@ def distribute_dataset(
         )
 
     clean_ids = _engine_id_filter(strategy, preprocessor)
+    batch_size = global_batch_size
 
     def dataset_fn(context: Any) -> Any:
         dataset = make_host_dataset(context)
-        per_replica = context.get_per_replica_batch_size(global_batch_size)
+        per_replica = context.get_per_replica_batch_size(batch_size)
         dataset = dataset.batch(per_replica, drop_remainder=True)
-        for step in (preprocessor, clean_ids):
+        pad = _tensor_core_padding(strategy, preprocessor, columns, per_replica)
+        for step in (preprocessor, clean_ids, pad):
             if step is not None:
                 dataset = dataset.map(
                     _on_features(step), num_parallel_calls=tf.data.AUTOTUNE
@@ -212,52 +252,98 @@ def _rows(value: Any) -> Any:
     return tf.shape(value)[0]
 
 
+def _pod_shape(context: Any) -> tuple[int, int, int]:
+    """(hosts, this host, replicas per host) of an `InputContext`."""
+    hosts, host = context.num_input_pipelines, context.input_pipeline_id
+    return hosts, host, max(1, context.num_replicas_in_sync // hosts)
+
+
 def _host_slices(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
-    """Each host's slice of every full global batch, as single examples.
+    """Each host's slices of every full global batch, as single examples.
+
+    Replica `r` of host `h` (of `H` hosts with `R` replicas each) gets
+    slice `r * H + h` of each global batch (`global_batch_size / (H * R)`
+    examples): the order `experimental_distribute_dataset` gives a
+    `TPUStrategy`, which Keras undoes to put `predict`'s outputs back in
+    input order (`_tpu_multi_host_concat` in
+    `keras/src/backend/tensorflow/trainer.py`). A host's replicas take its
+    per-replica batches in turn, so host `h` yields slices `h, H + h, ...,
+    (R - 1) * H + h` of each global batch, in that order.
 
     A batch of another size (the short last one) is dropped: a step needs
     the same global batch everywhere, and static shapes on a TPU. Each
-    host reads every batch and keeps its own slice, so the data is
+    host reads every batch and keeps its own slices, so the data is
     sharded once, here (`distribute_datasets_from_function` shards none).
     """
 
     def host_dataset(context: Any) -> Any:
-        hosts, host = context.num_input_pipelines, context.input_pipeline_id
-        share = global_batch_size // hosts
+        hosts, host, replicas = _pod_shape(context)
+        share = global_batch_size // (hosts * replicas)
+        starts = [(r * hosts + host) * share for r in range(replicas)]
         full = dataset.filter(
             lambda *batch: tf.equal(
                 _rows(tf.nest.flatten(batch)[0]), global_batch_size
             )
         )
         if hosts > 1:
-            full = full.map(lambda *batch: _sliced(batch, host * share, share))
+            full = full.map(lambda *batch: _sliced(batch, starts, share))
         return full.unbatch()
 
     return host_dataset
 
 
-def _sliced(batch: tuple[Any, ...], start: int, size: int) -> Any:
+def _sliced(batch: tuple[Any, ...], starts: list[int], size: int) -> Any:
+    """The rows `[start, start + size)` of `batch`, for each start, in
+    order."""
+
     def cut(value: Any) -> Any:
         if isinstance(value, tf.SparseTensor):
             shape = tf.unstack(value.dense_shape)
-            return tf.sparse.slice(
-                value,
-                [start] + [0] * (len(shape) - 1),
-                [size] + shape[1:],
-            )
-        return value[start : start + size]
+            parts = [
+                tf.sparse.slice(
+                    value,
+                    [start] + [0] * (len(shape) - 1),
+                    [size] + shape[1:],
+                )
+                for start in starts
+            ]
+            return parts[0] if len(parts) == 1 else tf.sparse.concat(0, parts)
+        parts = [value[start : start + size] for start in starts]
+        return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
 
     sliced = tf.nest.map_structure(cut, batch)
     return sliced[0] if len(sliced) == 1 else sliced
 
 
-def _sharded(dataset: Any) -> Callable[[Any], Any]:
+def _sharded(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
+    """Each host's share of a dataset of single examples, in the layout of
+    `_host_slices`, with only full global batches.
+
+    With a known length, the examples of the full global batches are cut
+    into per-replica chunks and host `h` keeps chunks `h, H + h, ...`
+    (`dataset.shard`; a global batch is `H * R` chunks, so that is slice
+    `r * H + h` of every global batch). With an unknown length, every host
+    must read the whole stream to know where the last full global batch
+    ends: the examples are batched into global batches and sliced.
+    """
+    cardinality = tf.get_static_value(dataset.cardinality())
+    if cardinality is None or cardinality == tf.data.UNKNOWN_CARDINALITY:
+        return _host_slices(
+            dataset.batch(global_batch_size, drop_remainder=True),
+            global_batch_size,
+        )
+
     def host_dataset(context: Any) -> Any:
-        if context.num_input_pipelines > 1:
-            return dataset.shard(
-                context.num_input_pipelines, context.input_pipeline_id
-            )
-        return dataset
+        hosts, host, replicas = _pod_shape(context)
+        share = global_batch_size // (hosts * replicas)
+        examples = dataset
+        if cardinality != tf.data.INFINITE_CARDINALITY:
+            full = int(cardinality) // global_batch_size * global_batch_size
+            examples = examples.take(full)
+        if hosts == 1:
+            return examples
+        chunks = examples.batch(share, drop_remainder=True)
+        return chunks.shard(hosts, host).unbatch()
 
     return host_dataset
 
@@ -295,6 +381,65 @@ def _engine_id_filter(
         )
 
     return clean
+
+
+def _tensor_core_padding(
+    strategy: Any,
+    preprocessor: Any,
+    columns: Sequence[Any] | None,
+    per_replica: int,
+) -> Callable[[Any], Any] | None:
+    """On a TPU without an engine: tensor-core ids dense and static."""
+    hardware = tpu_hardware.embedding_hardware(strategy)
+    if hardware is not tpu_hardware.EmbeddingHardware.NO_ENGINE:
+        return None
+    known = list(columns or []) + list(
+        getattr(preprocessor, "columns", None) or []
+    )
+    widths = tensor_core_widths(known, engine_falls_back=True)
+    weight_of: dict[str, str] = {}
+    for column in known:
+        try:
+            column = to_embedding_column(column)
+        except TypeError:
+            continue
+        if column.feature_key in widths and column.weight_feature_key:
+            weight_of[column.feature_key] = column.weight_feature_key
+
+    def padded(value: Any, width: int, pad: Any) -> Any:
+        # The same densify the replica would run (`DenseTableLookup`), with
+        # the batch size it cannot see made static.
+        return tf.ensure_shape(densify(value, width, pad), [per_replica, width])
+
+    def pad(features: Any) -> Any:
+        if not isinstance(features, dict):
+            return features
+        if not widths:
+            unknown = sorted(
+                key
+                for key, value in features.items()
+                if isinstance(value, (tf.SparseTensor, tf.RaggedTensor))
+            )
+            if unknown:
+                raise ValueError(
+                    "This TPU has no embedding engine, so its lookups run "
+                    "on the tensor core, which needs dense ids of static "
+                    f"shape; the features {unknown} are sparse or ragged, "
+                    "and distribute_dataset knows no columns to pad them "
+                    "to. Pass preprocessor=kte.FeaturePreprocessor(columns) "
+                    "or columns=[...] (the model's embedding columns)."
+                )
+            return features
+        out = dict(features)
+        for key, width in widths.items():
+            if key in features:
+                out[key] = padded(features[key], width, PADDING_ID)
+            weights_key = weight_of.get(key)
+            if weights_key and weights_key in features:
+                out[weights_key] = padded(features[weights_key], width, 0.0)
+        return out
+
+    return pad
 
 
 def drop_negative_ids(

@@ -10,11 +10,13 @@ range error), hashed columns hash with TensorFlow's `to_hash_bucket_fast`
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 from keras_tpu_embed import columns as columns_lib
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
 from keras_tpu_embed.ids import ids_below
 from keras_tpu_embed.ids import map_to_default
 from keras_tpu_embed.types import Tensor
@@ -94,27 +96,48 @@ class IdMapper:
                 initializer, base.num_oov_buckets, base.default_value
             )
         elif isinstance(base, columns_lib.VocabularyFileColumn):
-            if not os.path.exists(base.vocabulary_file):
+            assert base.vocabulary_size is not None
+            if not os.path.exists(base.vocabulary_file) or (
+                supplied_by_archive(
+                    base.vocabulary_file,
+                    base.key,
+                    base.input_dtype,
+                    base.vocabulary_size,
+                )
+            ):
                 # Rebuilt from a `.keras` config: the archive's copy of the
-                # file arrives in `load_assets`; calling before that fails.
+                # file arrives in `load_assets`; a call before that reads
+                # the file again (`__call__`).
                 return
-            key_dtype = tf.string if base.dtype == "string" else tf.int64
-            initializer = tf.lookup.TextFileInitializer(
-                filename=base.vocabulary_file,
-                key_dtype=key_dtype,
-                key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
-                value_dtype=tf.int64,
-                value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
-                vocab_size=base.vocabulary_size,
-            )
-            default = -1 if base.default_value is None else base.default_value
-            self.table = self._table(initializer, base.num_oov_buckets, default)
+            self.table = self._file_table(base)
+
+    @classmethod
+    def _file_table(cls, base: columns_lib.VocabularyFileColumn) -> Any:
+        key_dtype = tf.string if base.dtype == "string" else tf.int64
+        initializer = tf.lookup.TextFileInitializer(
+            filename=base.vocabulary_file,
+            key_dtype=key_dtype,
+            key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
+            value_dtype=tf.int64,
+            value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
+            vocab_size=base.vocabulary_size,
+        )
+        default = -1 if base.default_value is None else base.default_value
+        return cls._table(initializer, base.num_oov_buckets, default)
 
     @staticmethod
     def _table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
+        # Anonymous: TF otherwise shares a file's table by its name, line
+        # count and columns (`TextFileInitializer._shared_name`), so a file
+        # rewritten in place kept its old mapping in every new table of
+        # the process.
         if num_oov_buckets:
-            return tf.lookup.StaticVocabularyTable(initializer, num_oov_buckets)
-        return tf.lookup.StaticHashTable(initializer, default)
+            return tf.lookup.StaticVocabularyTable(
+                initializer, num_oov_buckets, experimental_is_anonymous=True
+            )
+        return tf.lookup.StaticHashTable(
+            initializer, default, experimental_is_anonymous=True
+        )
 
     def __call__(self, values: Tensor) -> Tensor:
         base = self.column.base
@@ -134,11 +157,23 @@ class IdMapper:
                 values = tf.strings.as_string(values)
             return tf.strings.to_hash_bucket_fast(values, base.hash_bucket_size)
         if self.table is None:
-            # Only a vocabulary-file column whose file is gone gets here.
+            # Only a vocabulary-file column rebuilt from a config whose file
+            # was missing or invalid gets here: read it again, naming what
+            # is wrong, and build the table if it is now valid.
             assert isinstance(base, columns_lib.VocabularyFileColumn)
-            columns_lib.read_vocabulary_file(
+            assert base.vocabulary_size is not None
+            tokens = columns_lib.read_vocabulary_file(
                 base.vocabulary_file, base.key, base.input_dtype
             )
+            if len(tokens) < base.vocabulary_size:
+                raise ValueError(
+                    f"vocabulary_file {base.vocabulary_file} of column "
+                    f"'{base.key}' has {len(tokens)} lines, but the column "
+                    f"was saved with vocabulary_size={base.vocabulary_size}."
+                    " Restore the file the model was trained with."
+                )
+            with tf.init_scope():
+                self.table = self._file_table(base)
         if values.dtype.is_integer and values.dtype != tf.int64:
             values = tf.cast(values, tf.int64)
         return self.table.lookup(values)
@@ -169,7 +204,7 @@ def bucketized_ids(
             f"Feature '{source.key}' of bucketized column '{column.name}' "
             f"must be numeric, got dtype {raw.dtype.name}."
         )
-    values = tf.reshape(tf.cast(raw, tf.float32), [-1, source.size])
+    values = _numbers_per_row(column, tf.cast(raw, tf.float32))
     buckets = tf.raw_ops.Bucketize(
         input=values, boundaries=list(column.boundaries)
     )
@@ -182,6 +217,67 @@ def bucketized_ids(
         indices=tf.where(tf.ones_like(ids, tf.bool)),
         values=tf.reshape(ids, [-1]),
         dense_shape=shape,
+    )
+
+
+def _numbers_per_row(
+    column: columns_lib.BucketizedColumn, raw: Tensor
+) -> Tensor:
+    """`raw` as `[batch, size]`, refusing any other count per example.
+
+    A `[batch, n]` input with `n != size` reshaped to `[-1, size]` would
+    silently become another number of examples; legacy `DenseFeatures`
+    raises there too.
+    """
+    source = column.source_column
+    message = (
+        f"Feature '{source.key}' of bucketized column '{column.name}' must "
+        f"hold {source.size} numbers per example ([batch, {source.size}], "
+        f"as numeric_column('{source.key}', shape={source.shape}) declares); "
+        "give each example that many numbers or declare the numeric "
+        "column's shape to match. Received shape"
+    )
+    rank = raw.shape.rank
+    static = raw.shape.as_list()[1:] if rank is not None else None
+    if rank == 0 or (
+        rank is not None
+        and static is not None
+        and None not in static
+        and (math.prod(static) if rank > 1 else 1) != source.size
+    ):
+        raise ValueError(f"{message} {raw.shape}.")
+    shape = tf.shape(raw)
+    per_row = tf.reduce_prod(shape[1:])
+    check = tf.debugging.Assert(
+        tf.logical_and(tf.size(shape) >= 1, tf.equal(per_row, source.size)),
+        [message, shape],
+    )
+    with tf.control_dependencies([check]):
+        return tf.reshape(raw, tf.stack([shape[0], source.size]))
+
+
+def _check_cross_dtype(
+    column: columns_lib.CrossedColumn, key: str, declared: str, dtype: Any
+) -> None:
+    """Refuses a crossed key whose values are not of its declared kind.
+
+    The integer 1 and the string "1" hash to different ids, and the
+    serving export and parse spec take each key as declared: integers
+    crossed in training under a string declaration would serve other ids.
+    """
+    if (declared == "string") == (dtype == tf.string):
+        return
+    position = [k for k in column.keys if isinstance(k, str)].index(key)
+    dtypes = list(column.key_dtypes or ())
+    dtypes[position] = "int64" if declared == "string" else "string"
+    raise TypeError(
+        f"Feature '{key}' of crossed column '{column.name}' holds "
+        f"{dtype.name} values, but the column declares it {declared} "
+        "(key_dtypes; a tf.feature_column.crossed_column declares every "
+        "feature key a string): integers and strings hash to different "
+        "ids, so training and the serving export would disagree. Declare "
+        f"it: kte.crossed_column(keys, ..., key_dtypes={dtypes}), or feed "
+        f"{declared} values."
     )
 
 
@@ -225,6 +321,7 @@ def crossed_ids(
                     f"must hold strings or integers (declared {declared}), "
                     f"got dtype {values.dtype.name}."
                 )
+            _check_cross_dtype(column, key, declared, values.dtype)
             if values.dtype.is_integer and values.dtype != tf.int64:
                 if isinstance(value, tf.SparseTensor):
                     value = tf.SparseTensor(

@@ -16,6 +16,10 @@ Inside Keras' symbolic build of a subclassed model the variable does not
 exist yet (Keras creates it later, outside the trace), so the table is then
 initialized in one piece by Keras itself; the block fill needs a real
 variable to write into.
+
+On a TPU pod the engine's tables are created by TensorFlow's sharded
+variable creator, which calls the initializer once per host with that host's
+rows (`EngineInitializer`, `table_rows`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from typing import Any
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_stateless_scope
+from keras_tpu_embed._compat import keras_random_seed
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.types import Tensor
 
 BLOCK_BYTES = 64 * 2**20
 """Size of one block of rows filled at a time."""
@@ -144,3 +150,186 @@ def fill_by_blocks(variable: Any, initializer: Any) -> None:
             target.scatter_update(
                 tf.IndexedSlices(values, tf.range(start, start + size))
             )
+
+
+class EngineInitializer(keras.initializers.Initializer):  # type: ignore[misc]
+    """A table's initializer as the TPU engine's `TableConfig` receives it.
+
+    On a pod TensorFlow's mid-level API creates each table under
+    `make_sharded_variable_creator` (`tpu_embedding_v2.py`): one shard of
+    rows per host, contiguous, the first `vocabulary % hosts` hosts one row
+    more. It calls an initializer whose signature has `shard_info` once per
+    host as `initializer(full_shape, dtype=..., shard_info=ShardInfo(
+    shape=(rows, dim), offset=(first_row, 0)))`; any other initializer is
+    called with the shard's shape alone, so a Keras initializer (whose
+    values depend on the shape and its seed only) gave every host the same
+    rows. This one answers each shard with its rows of the table that
+    `initializer(full_shape)` makes on one device (`table_rows`), so an
+    engine table on a pod starts where the same column's table on CPU does,
+    bit for bit.
+
+    Args:
+        initializer: The table's initializer (a callable taking `shape` and
+            `dtype`).
+
+    Example:
+
+    >>> from types import SimpleNamespace
+    >>> init = EngineInitializer(keras.initializers.RandomNormal(seed=1))
+    >>> whole = init((5, 2), dtype="float32")
+    >>> shard = SimpleNamespace(shape=(2, 2), offset=(3, 0))
+    >>> rows = init((5, 2), dtype="float32", shard_info=shard)
+    >>> bool(tf.reduce_all(rows == whole[3:]))
+    True
+    """
+
+    def __init__(self, initializer: Any) -> None:
+        self.initializer = initializer
+
+    def __call__(
+        self, shape: Any, dtype: Any = None, shard_info: Any = None
+    ) -> Tensor:
+        if shard_info is None:
+            return self.initializer(shape, dtype=dtype)
+        full = tuple(int(d) for d in shape)
+        if len(full) != 2 or tuple(int(d) for d in shard_info.offset)[1:] != (
+            0,
+        ):
+            raise ValueError(
+                f"EngineInitializer shards tables by rows, but was asked for "
+                f"the shard at offset {tuple(shard_info.offset)} of a table "
+                f"of shape {full}. Only row shards of rank-2 tables (offset "
+                "(row, 0)), as tf.tpu.experimental.embedding makes them, "
+                "are supported."
+            )
+        return table_rows(
+            self.initializer,
+            full,
+            int(shard_info.offset[0]),
+            int(shard_info.shape[0]),
+            dtype,
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "initializer": keras.saving.serialize_keras_object(self.initializer)
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> EngineInitializer:
+        return cls(keras.saving.deserialize_keras_object(config["initializer"]))
+
+
+def table_rows(
+    initializer: Any,
+    shape: tuple[int, int],
+    start: int,
+    count: int,
+    dtype: Any = None,
+) -> Tensor:
+    """Rows `[start, start + count)` of `initializer(shape, dtype)`.
+
+    Made without the whole table where the initializer allows:
+
+    - an initializer with a `table_rows(shape, start, count, dtype)`
+      method (`tables.CheckpointInitializer` reads only those rows);
+    - `Zeros`, `Ones`, `Constant` (a scalar): the same at every row;
+    - `TruncatedNormal`, `RandomNormal`, `RandomUniform` with an integer
+      seed (Keras gives an unseeded one a random integer seed at
+      construction), in float32: TensorFlow's stateless Philox kernels
+      draw each group of 4 elements from the counter `group * skip`, so
+      the rows are drawn from their own counter (`_stateless_rows`).
+
+    Any other initializer (e.g. `GlorotUniform`, whose scale depends on
+    the whole shape) makes the whole table on each host, which is then
+    sliced. One that draws a new table per call (a `SeedGenerator` seed, an
+    unseeded `tf.random` or TF1 initializer) has no one table to agree
+    with: its hosts' rows then come from different draws, so they do not
+    repeat, but no two calls give the same table on any device.
+    """
+    dtype = tf.as_dtype(dtype or keras.config.floatx())
+    rows_of = getattr(initializer, "table_rows", None)
+    if rows_of is not None:
+        return rows_of(shape, start, count, dtype)
+    dimension = shape[1]
+    if _row_independent(initializer):
+        return initializer((count, dimension), dtype=dtype)
+    if _draws_statelessly(initializer, dtype):
+        return _stateless_rows(initializer, dimension, start, count, dtype)
+    return initializer(shape, dtype=dtype)[start : start + count]
+
+
+def _row_independent(initializer: Any) -> bool:
+    if type(initializer) in _ELEMENTWISE_CONSTANT + (keras.initializers.Zeros,):
+        value = getattr(initializer, "value", 0.0)
+        return bool(tf.rank(value) == 0)
+    return False
+
+
+def _draws_statelessly(initializer: Any, dtype: Any) -> bool:
+    return (
+        type(initializer) in _ELEMENTWISE_RANDOM
+        and type(getattr(initializer, "seed", None)) is int
+        and dtype == tf.float32
+    )
+
+
+# Philox counter steps per group of 4 float32 outputs, per raw kernel: one
+# for uniform and normal; the truncated normal reserves 256 (its rejection
+# sampler may use that many draws per group).
+_RAW_KERNELS = {
+    keras.initializers.TruncatedNormal: (
+        tf.raw_ops.StatelessTruncatedNormalV2,
+        256,
+    ),
+    keras.initializers.RandomNormal: (tf.raw_ops.StatelessRandomNormalV2, 1),
+    keras.initializers.RandomUniform: (
+        tf.raw_ops.StatelessRandomUniformV2,
+        1,
+    ),
+}
+_GROUP = 4
+
+
+def _stateless_rows(
+    initializer: Any, dimension: int, start: int, count: int, dtype: Any
+) -> Tensor:
+    """The rows Keras' stateless draw of the whole table has there.
+
+    Keras' TF backend draws `tf.random.stateless_*(shape, seed)` with the
+    auto-selected algorithm (Philox on the CPU hosts that initialize engine
+    tables). The value at flat index `i` depends on the seed and `i` only:
+    group `i // 4` comes from the counter advanced by `group * skip`. So
+    these rows are the draw of `count * dimension` (plus the leading part
+    of the first group) from the advanced counter, scaled as TF scales it.
+    """
+    kernel, skip = _RAW_KERNELS[type(initializer)]
+    first = start * dimension
+    group = first // _GROUP
+    lead = first - group * _GROUP
+    key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(
+        seed=keras_random_seed(initializer.seed)
+    )
+    counter = _advance(counter, group * skip)
+    raw = kernel(
+        shape=[lead + count * dimension],
+        key=key,
+        counter=counter,
+        alg=3,  # AUTO_SELECT, as tf.random.stateless_* passes it
+        dtype=dtype,
+    )
+    raw = tf.reshape(raw[lead:], [count, dimension])
+    if type(initializer) is keras.initializers.RandomUniform:
+        low = tf.cast(initializer.minval, dtype)
+        high = tf.cast(initializer.maxval, dtype)
+        return raw * (high - low) + low
+    stddev = tf.constant(initializer.stddev, dtype)
+    mean = tf.constant(initializer.mean, dtype)
+    return raw * stddev + mean
+
+
+def _advance(counter: Tensor, steps: int) -> Tensor:
+    """A 128-bit Philox counter (`[2]` uint64, low word first) + `steps`."""
+    low = counter[0] + tf.constant(steps, tf.uint64)
+    carry = tf.cast(low < counter[0], tf.uint64)
+    return tf.stack([low, counter[1] + carry])

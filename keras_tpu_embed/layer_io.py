@@ -10,7 +10,6 @@ dict, or all of them concatenated in name order like `DenseFeatures`.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Any
 from typing import Sequence
 
@@ -48,7 +47,6 @@ class LayerInputs:
 
     owner: str  # "TPUEmbeddingLayer 'name'", for messages
     columns: Sequence[AnyEmbeddingColumn]
-    warned_extra_keys: bool = False
 
     @property
     def expected(self) -> list[str]:
@@ -76,17 +74,8 @@ class LayerInputs:
                 f"{self.owner}. Expected keys: {expected}. Received keys: "
                 f"{sorted(inputs)}."
             )
-        extra = sorted(set(inputs) - set(expected))
-        if extra and not self.warned_extra_keys:
-            # One preprocessor output often feeds several embedding layers,
-            # so extra keys are normal: ignored by name, said once.
-            self.warned_extra_keys = True
-            warnings.warn(
-                f"{self.owner} ignores the input keys {extra}; it reads "
-                f"{expected}. This is expected when one feature dict feeds "
-                "several layers (shown once per layer).",
-                stacklevel=3,
-            )
+        # Other keys are ignored by name, without a word: one preprocessor
+        # output feeding several embedding layers is the documented usage.
         return inputs
 
     def keys_from_shape(self, input_shape: Any) -> frozenset[str] | None:

@@ -40,6 +40,8 @@ from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
 from keras_tpu_embed.serialization import serializable
+from keras_tpu_embed.serialization import with_load_hint
+from keras_tpu_embed.serialization import without_load_hint
 from keras_tpu_embed.tables import TableSpec
 from keras_tpu_embed.tables import group_into_tables
 from keras_tpu_embed.types import Tensor
@@ -397,11 +399,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 "return_sequence_lengths": self.return_sequence_lengths,
             }
         )
-        return config
+        return with_load_hint(config)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Any:
-        config = dict(config)
+        config = without_load_hint(config)
         with vocabulary_files_from_archive():
             config["columns"] = [
                 keras.saving.deserialize_keras_object(c)

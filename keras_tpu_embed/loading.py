@@ -91,6 +91,48 @@ def write_export_info(path: str, table_dtype: str) -> None:
         json.dump({"format": 1, "table_dtype": table_dtype}, handle)
 
 
+TABLE_DTYPE_ATTRIBUTE = "keras_tpu_embed_table_dtype"
+"""The SavedModel object's function returning its `table_dtype`."""
+
+
+def record_table_dtype(root: Any, table_dtype: str) -> None:
+    """Stores `table_dtype` in the SavedModel object itself.
+
+    `assets.extra/` is not part of the object: a loaded export re-saved
+    with `tf.saved_model.save` loses it, and would then read as float32.
+    A function of the object travels with every re-save (a function, not
+    a variable: the export's variables stay exactly the tables and dense
+    weights the signatures read).
+    """
+    setattr(
+        root,
+        TABLE_DTYPE_ATTRIBUTE,
+        tf.function(lambda: tf.constant(table_dtype), input_signature=[]),
+    )
+
+
+def loaded_table_dtype(loaded: Any, path: str) -> str:
+    """The `table_dtype` of the export at `path`, loaded as `loaded`: the
+    object's own record, else `assets.extra/`, else "float32" (exports
+    that predate both records stored float32 tables).
+
+    Raises:
+        ValueError: the two records disagree, or the file is unreadable.
+    """
+    recorded = read_table_dtype(path)
+    function = getattr(loaded, TABLE_DTYPE_ATTRIBUTE, None)
+    if function is None:
+        return recorded
+    held = function().numpy().decode("utf-8")
+    if os.path.exists(os.path.join(path, EXPORT_FILE)) and held != recorded:
+        raise ValueError(
+            f"The SavedModel {path} records table_dtype='{held}' in its "
+            f"object but '{recorded}' in {EXPORT_FILE}: the export was "
+            "altered. Export the model again."
+        )
+    return str(held)
+
+
 def read_table_dtype(path: str) -> str:
     """The `table_dtype` an export recorded; "float32" for exports that
     predate the record (their tables are float32).
@@ -244,7 +286,7 @@ def load_saved_model(path: str, verify: bool = True) -> Any:
     loaded.signatures = CheckedSignatures(loaded.signatures)
     if "serving_default" in loaded.signatures:
         loaded.serve = loaded.signatures["serving_default"]
-    loaded.table_dtype = read_table_dtype(path)
+    loaded.table_dtype = loaded_table_dtype(loaded, path)
     return loaded
 
 
@@ -303,26 +345,81 @@ class SignatureCaller:
                 f"Unknown features {unknown}: the signature takes "
                 f"{sorted(self.specs)}."
             )
-        return dict(
-            self.signature(
-                **{
-                    key: _convert_feature(key, value, self.specs[key].dtype)
-                    for key, value in features.items()
-                }
-            )
+        converted = {
+            key: _convert_feature(key, value, self.specs[key].dtype)
+            for key, value in features.items()
+        }
+        _check_batch_sizes(converted)
+        return dict(self.signature(**converted))
+
+
+def _check_batch_sizes(features: Mapping[str, Any]) -> None:
+    """Raises naming every feature's batch size when they differ."""
+    sizes = {key: int(value.shape[0]) for key, value in features.items()}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(
+            "Every feature must hold one row per example, but the batch "
+            f"sizes differ: {dict(sorted(sizes.items()))}. Give each "
+            "feature the same number of rows."
         )
 
 
-def _convert_feature(key: str, value: Any, dtype: Any) -> Any:
+def _as_tensor(key: str, value: Any, dtype: Any) -> Any:
+    """`value` as a dense tensor, or an error naming `key` and the fix."""
+    if isinstance(value, (tf.RaggedTensor, tf.SparseTensor)):
+        raise TypeError(
+            f"Feature '{key}' is a {type(value).__name__}, but the signature "
+            "takes dense [batch] or [batch, n] tensors: pad it "
+            '(`.to_tensor(...)` / `tf.sparse.to_dense`) with "" for '
+            "strings, -1 for ids, 0 for weights."
+        )
     if isinstance(value, tf.Tensor):
-        tensor = value
-    else:
+        return value
+    try:
         array = np.asarray(value)
-        if array.dtype == object or array.dtype.kind in "US":
-            array = array.astype(object)
-            tensor = tf.constant(array, tf.string)
-        else:
-            tensor = tf.constant(array)
+    except ValueError as error:
+        raise ValueError(
+            f"Feature '{key}' is ragged (rows of different lengths: "
+            f"{error}); the signature takes dense [batch] or [batch, n] "
+            'values: pad every row to one length with "" for strings, -1 '
+            "for ids, 0 for weights."
+        ) from None
+    if array.size == 0 and array.dtype == np.float64:
+        # numpy's dtype for `[]`: no value to change, so the signature's.
+        return tf.zeros(array.shape, dtype)
+    if array.dtype == object or array.dtype.kind in "US":
+        if dtype.is_integer and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in array.flat
+        ):
+            raise ValueError(
+                f"Feature '{key}' holds ids outside the int64 range "
+                f"[-2**63, 2**63), which the signature's int64 cannot hold."
+            )
+        return tf.constant(array.astype(object), tf.string)
+    if (
+        dtype.is_integer
+        and array.dtype == np.float64
+        and not isinstance(value, np.ndarray)
+        and _python_ints(value)
+    ):
+        # numpy makes a float64 array of Python ints mixing 2**63 and more
+        # with negatives: no integer dtype holds them all.
+        raise ValueError(
+            f"Feature '{key}' holds ids outside the int64 range "
+            f"[-2**63, 2**63), which the signature's int64 cannot hold."
+        )
+    return tf.constant(array)
+
+
+def _python_ints(value: Any) -> bool:
+    """Whether `value` (nested lists) holds only Python ints."""
+    if isinstance(value, (list, tuple)):
+        return all(_python_ints(item) for item in value)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _convert_feature(key: str, value: Any, dtype: Any) -> Any:
+    tensor = _as_tensor(key, value, dtype)
     if tensor.shape.rank not in (1, 2):
         raise ValueError(
             f"Feature '{key}' must be [batch] or [batch, n]. Received shape "
@@ -382,7 +479,9 @@ def save_layer_variables(layer: Any, store: Any) -> None:
     would load one table into another of the same shape.
     """
     for key, variable in _named_layer_variables(layer).items():
-        store[key] = variable
+        # As numpy: the store would call np.array on a tf.Variable, whose
+        # `__array__` takes no `copy` (a DeprecationWarning under numpy 2).
+        store[key] = variable.numpy()
 
 
 def load_layer_variables(layer: Any, store: Any) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 from typing import Iterable
 
 from keras_tpu_embed import columns as columns_lib
+from keras_tpu_embed._compat import caller_stacklevel
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import EmbeddingColumn
@@ -29,6 +30,8 @@ from keras_tpu_embed.id_mapping import to_sparse
 from keras_tpu_embed.ids import densify
 from keras_tpu_embed.ids import width_of
 from keras_tpu_embed.serialization import serializable
+from keras_tpu_embed.serialization import with_load_hint
+from keras_tpu_embed.serialization import without_load_hint
 from keras_tpu_embed.types import Tensor
 
 
@@ -64,8 +67,18 @@ def categorical_columns_of(
     return list(by_key.values())
 
 
-def tensor_core_widths(columns: Iterable[Any]) -> dict[str, int]:
-    """Feature keys read only by tensor-core columns, and their widths."""
+def tensor_core_widths(
+    columns: Iterable[Any], engine_falls_back: bool = False
+) -> dict[str, int]:
+    """Feature keys read only by tensor-core columns, and their widths.
+
+    Args:
+        columns: Embedding columns (categorical ones are skipped: their
+            lookups are not known).
+        engine_falls_back: On a TPU without an embedding engine, columns
+            for the engine run on the tensor core too
+            (`devices.training_device`); those with a width count here.
+    """
     widths: dict[str, int] = {}
     host: set[str] = set()
     for column in columns:
@@ -73,7 +86,12 @@ def tensor_core_widths(columns: Iterable[Any]) -> dict[str, int]:
             column = to_embedding_column(column)
         except TypeError:
             continue  # a categorical column: its lookups are not known here
-        if column.lookup_device is LookupDevice.TPU_TENSOR_CORE:
+        falls_back = (
+            engine_falls_back
+            and column.lookup_device is not LookupDevice.CPU
+            and (column.is_sequence or column.tensor_core_shape is not None)
+        )
+        if column.lookup_device is LookupDevice.TPU_TENSOR_CORE or falls_back:
             key = column.feature_key
             widths[key] = max(widths.get(key, 0), width_of(column))
         else:
@@ -133,6 +151,11 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
         self._mappers = [IdMapper(c) for c in self.categorical_columns]
         self._warned_extra_keys = False
         self.built = True
+
+    @property
+    def columns(self) -> list[Any]:
+        """The columns it was made from (TF's converted to this package's)."""
+        return list(self._columns_arg)
 
     @property
     def lookup_tables(self) -> list[Any]:
@@ -207,7 +230,7 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
             warnings.warn(
                 f"FeaturePreprocessor ignores features {extra}: no column "
                 f"reads them (expected keys: {expected}).",
-                stacklevel=2,
+                stacklevel=caller_stacklevel(),
             )
 
     def keras_inputs(self) -> dict[str, Any]:
@@ -251,17 +274,19 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
         config["columns"] = [
             keras.saving.serialize_keras_object(c) for c in self._columns_arg
         ]
-        return config
+        return with_load_hint(config)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> FeaturePreprocessor:
-        config = dict(config)
+        config = without_load_hint(config)
         with columns_lib.vocabulary_files_from_archive():
             config["columns"] = [
                 keras.saving.deserialize_keras_object(c)
                 for c in config["columns"]
             ]
-        return cls(**config)
+            # Inside too: the lookup tables of files the archive replaces
+            # wait for `load_assets`.
+            return cls(**config)
 
     def save_assets(self, dir_path: str) -> None:
         """Copies the vocabulary files into a `.keras` archive."""
@@ -368,7 +393,8 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
     `tf.feature_column.make_parse_example_spec` gives for categorical columns
     (string for a crossed column's keys unless it declares `key_dtypes`);
     the numeric source of a bucketized column is a `tf.io.FixedLenFeature`
-    of its shape, dtype and default, as TF's `numeric_column` gives.
+    of its shape and default, as TF's `numeric_column` gives, of the dtype
+    a `tf.train.Example` holds (float32, or int64 for integer columns).
 
     Example:
 
@@ -386,7 +412,7 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
                 source = numeric[key]
                 spec[key] = tf.io.FixedLenFeature(
                     source.shape,
-                    tf.as_dtype(source.dtype),
+                    _example_dtype(source.dtype),
                     source.default_value,
                 )
                 continue
@@ -394,9 +420,20 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
             spec[key] = tf.io.VarLenFeature(dtype)
         if column.weight_feature_key:
             spec[column.weight_feature_key] = tf.io.VarLenFeature(
-                tf.as_dtype(getattr(column, "dtype", "float32"))
+                _example_dtype(getattr(column, "dtype", "float32"))
             )
     return spec
+
+
+def _example_dtype(dtype: Any) -> Any:
+    """The dtype `tf.io.parse_example` reads a numeric feature as.
+
+    A `tf.train.Example` holds only 32-bit floats, int64 and bytes, and
+    `parse_example` refuses any other dtype (float64: "dense_defaults"),
+    so a float64 column reads its float32 values as float32 (exactly what
+    the Example holds; the preprocessor casts numbers to float32 anyway).
+    """
+    return tf.float32 if tf.as_dtype(dtype).is_floating else tf.int64
 
 
 def _numeric_sources(column: Any) -> dict[str, Any]:

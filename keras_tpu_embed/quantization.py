@@ -76,8 +76,11 @@ def quantize_rows(
         offset); for "float32" the rows as they are and None.
 
     Raises:
-        ValueError: an unknown `table_dtype`, or non-finite values in
-            `table` (a NaN or inf would make its row's scale NaN or inf).
+        ValueError: an unknown `table_dtype`, non-finite values in
+            `table` (a NaN or inf would make its row's scale NaN or inf),
+            or finite rows that `table_dtype` would serve as inf (bfloat16
+            rounding of |x| >= ~3.39e38; an int8 row spread of float32's
+            largest value / 2 or more).
     """
     check_table_dtype(table_dtype)
     values = np.asarray(values, np.float32)
@@ -93,16 +96,49 @@ def quantize_rows(
             "table_dtype='float32'."
         )
     if table_dtype == "bfloat16":
-        return tf.cast(values, tf.bfloat16).numpy(), None
+        rounded = tf.cast(values, tf.bfloat16).numpy()
+        # bfloat16 has float32's range, but rounding to 8 significant bits
+        # carries |x| >= ~3.39e38 past its largest value, to inf.
+        _refuse_overflow(table, table_dtype, np.isfinite(rounded))
+        return rounded, None
     # float64 keeps the scale and codes exact to well below one level.
     wide = values.astype(np.float64)
     low = wide.min(axis=1, keepdims=True)
-    scale = (wide.max(axis=1, keepdims=True) - low) / _INT8_LEVELS
+    spread = wide.max(axis=1, keepdims=True) - low
+    # Dequantization, `code * scale + offset` in float32, reaches `spread`
+    # before the offset is added unless fused (XLA fuses it, the sparse
+    # path does not): a spread beyond float32 would serve inf on one path
+    # and finite values on another, for the same id.
+    _refuse_overflow(table, table_dtype, spread < np.finfo(np.float32).max / 2)
+    scale = spread / _INT8_LEVELS
     # A constant row has scale 0: every code is 0 and the offset is exact.
     safe = np.where(scale > 0, scale, 1.0)
     codes = np.clip(np.rint((wide - low) / safe), 0, _INT8_LEVELS)
     scale_offset = np.concatenate([scale, low], axis=1).astype(np.float32)
     return codes.astype(np.uint8), scale_offset
+
+
+def _refuse_overflow(table: str, table_dtype: str, finite: np.ndarray) -> None:
+    """Raises naming `table`'s rows whose `finite` entries are not all true.
+
+    Raises:
+        ValueError: a row `table_dtype` would serve as inf.
+    """
+    if finite.all():
+        return
+    rows = np.flatnonzero(~finite.reshape(finite.shape[0], -1).all(axis=1))
+    reason = (
+        "values of magnitude ~3.39e38 or more, which round to inf in bfloat16"
+        if table_dtype == "bfloat16"
+        else "a spread (row max - row min) of float32's largest value / 2 "
+        "or more, which int8 dequantization would carry to inf"
+    )
+    raise ValueError(
+        f"Table '{table}' has rows {rows[:10].tolist()} with {reason}: "
+        f"exported as {table_dtype} they would serve inf. Export with "
+        "table_dtype='float32', or bring those rows back to a finite range "
+        "(`kte.quantization_error` checks a table before exporting)."
+    )
 
 
 def dequantize_rows(codes: Any, scale_offset: Any) -> Any:

@@ -121,6 +121,33 @@ class CheckpointInitializer(keras.initializers.Initializer):  # type: ignore[mis
         self.table = table
 
     def __call__(self, shape: Any, dtype: Any = None) -> Tensor:
+        reader = self._checked_reader(shape)
+        value = reader.get_tensor(self.tensor_name)
+        return tf.constant(value, dtype=dtype or "float32")
+
+    def table_rows(
+        self, shape: Any, start: int, count: int, dtype: Any = None
+    ) -> Tensor:
+        """Rows `[start, start + count)` of the table, read alone.
+
+        What a TPU pod host asks for (`initialization.EngineInitializer`):
+        its shard of the table, read from the checkpoint without the rest.
+        """
+        reader = self._checked_reader(shape)
+        rows, dimension = (int(d) for d in shape)
+        stored = reader.get_variable_to_dtype_map()[self.tensor_name]
+        prefix = self.checkpoint
+        if tf.io.gfile.isdir(prefix):
+            prefix = tf.train.latest_checkpoint(prefix)
+        (value,) = tf.raw_ops.RestoreV2(
+            prefix=prefix,
+            tensor_names=[self.tensor_name],
+            shape_and_slices=[f"{rows} {dimension} {start},{count}:-"],
+            dtypes=[stored],
+        )
+        return tf.cast(value, dtype or "float32")
+
+    def _checked_reader(self, shape: Any) -> Any:
         where = (
             f"table '{self.table}' (ckpt_to_load_from={self.checkpoint!r}, "
             f"tensor_name_in_ckpt={self.tensor_name!r})"
@@ -149,8 +176,7 @@ class CheckpointInitializer(keras.initializers.Initializer):  # type: ignore[mis
                 "the table's tensor, or give the column the checkpoint's "
                 "vocabulary and dimension."
             )
-        value = reader.get_tensor(self.tensor_name)
-        return tf.constant(value, dtype=dtype or "float32")
+        return reader
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -167,7 +193,21 @@ def clip_rows(rows: Tensor, max_norm: float | None) -> Tensor:
     (`tensorflow/python/ops/embedding_ops.py`, `_clip`) clips every gathered
     row with `clip_by_norm` before `embedding_lookup_sparse` combines them.
     Rows of zeros (padding) stay zero and have a finite gradient.
+
+    Computed as `rows * (max_norm / norm)` for the rows over the limit and
+    `rows` for the others, not as `clip_by_norm`'s `rows * max_norm /
+    max(norm, max_norm)`: that product overflows to inf for a large
+    `max_norm` (`1e37` with values above ~34) although no row needs
+    clipping.
     """
     if max_norm is None:
         return rows
-    return tf.clip_by_norm(rows, max_norm, axes=[-1])
+    squares = tf.reduce_sum(rows * rows, axis=-1, keepdims=True)
+    # clip_by_norm's guard: the root's gradient at 0 is inf.
+    positive = squares > 0
+    norm = tf.where(
+        positive, tf.sqrt(tf.where(positive, squares, 1.0)), squares
+    )
+    over = norm > max_norm
+    factor = tf.where(over, max_norm / tf.where(over, norm, 1.0), 1.0)
+    return rows * factor

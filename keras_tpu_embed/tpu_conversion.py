@@ -4,7 +4,9 @@ This is the translation the TPU embedding engine is built from: one
 `TableConfig` per table (shared columns share the object), one
 `FeatureConfig` per column, each table's optimizer from
 `EmbeddingConfig.optimizer` with the column's `learning_rate_fn` and the
-config's `clipping_limit` folded in. Names are the package's stable table and
+config's `clipping_limit` folded in, and each table's initializer wrapped
+so that a pod's hosts each start from their rows of the one-device table
+(`initialization.EngineInitializer`). Names are the package's stable table and
 column names, so checkpoints line up with `engine_checkpoint`.
 """
 
@@ -16,6 +18,7 @@ from typing import Sequence
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.config import EmbeddingConfig
+from keras_tpu_embed.initialization import EngineInitializer
 from keras_tpu_embed.optimizers.base import protobuf_safe
 from keras_tpu_embed.tables import group_into_tables
 from keras_tpu_embed.update_rules import engine_optimizer
@@ -70,7 +73,8 @@ def to_tpu_feature_configs(
         table_config = embedding.TableConfig(
             vocabulary_size=table.vocabulary_size,
             dim=table.dimension,
-            initializer=table.initializer,
+            # Called once per host on a pod: each shard gets its rows.
+            initializer=EngineInitializer(table.initializer),
             optimizer=engine_optimizer(table, config, step).to_tpu(),
             combiner=first.combiner,
             name=table.name,

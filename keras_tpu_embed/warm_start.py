@@ -45,7 +45,11 @@ import numpy as np
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import SharedEmbeddingColumn
+from keras_tpu_embed.columns import VocabularyFileColumn
+from keras_tpu_embed.columns import VocabularyListColumn
+from keras_tpu_embed.columns import WeightedColumn
 from keras_tpu_embed.columns import read_vocabulary_file
+from keras_tpu_embed.columns.vocabulary_files import STRING_DTYPES
 from keras_tpu_embed.layers import embedding_layers
 
 _OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -66,11 +70,15 @@ class WarmStartReport:
         loaded: Table name -> the checkpoint tensor it was loaded from.
         slots: Table name -> slot name -> checkpoint tensor.
         not_found: Table (or `table/slot`) -> the names that were looked for.
+        remapped: Table name -> how many of its tokens took their row from
+            the checkpoint (tables given in `vocabularies=`); the others
+            keep their initial values.
     """
 
     loaded: dict[str, str] = dataclasses.field(default_factory=dict)
     slots: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
     not_found: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    remapped: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def _candidates(table: Any) -> list[str]:
@@ -114,10 +122,144 @@ def unshard_mod(value: np.ndarray, num_shards: int) -> np.ndarray:
     return result
 
 
-def _tokens(vocabulary: Any, table: str) -> list[Any]:
-    if isinstance(vocabulary, str):
-        return list(read_vocabulary_file(vocabulary, table, "string"))
-    return list(vocabulary)
+def _check_num_shards(partition_strategy: str, num_shards: Any) -> None:
+    if num_shards is None and partition_strategy == "div":
+        return
+    if num_shards is None:
+        raise ValueError(
+            "partition_strategy='mod' needs num_shards: the number of hosts "
+            "the TPUEstimator run sharded its tables over."
+        )
+    # A bool is an int to Python; 0, negatives and fractions would leave
+    # rows of the table unwritten (uninitialised memory).
+    if (
+        isinstance(num_shards, bool)
+        or not isinstance(num_shards, (int, np.integer))
+        or num_shards < 1
+    ):
+        raise ValueError(
+            "`num_shards` must be a positive integer: the number of hosts "
+            "the TPUEstimator run sharded its tables over. Received: "
+            f"num_shards={num_shards!r}"
+        )
+
+
+def _check_table_keys(
+    argument: str, mapping: Mapping[str, Any], tables: Sequence[str]
+) -> None:
+    unknown = [key for key in mapping if key not in tables]
+    if unknown:
+        raise ValueError(
+            f"`{argument}` names no table of the model: "
+            f"{', '.join(repr(key) for key in unknown)}. Its keys must be "
+            f"table names: {sorted(tables)} (a shared table is named after "
+            "its collection, any other after its categorical column's key)."
+        )
+
+
+def _vocabulary_of(column: Any) -> tuple[list[Any], bool] | None:
+    """The column's vocabulary and whether its tokens are strings."""
+    categorical = column.categorical_column
+    while isinstance(categorical, WeightedColumn):
+        categorical = categorical.categorical_column
+    if isinstance(categorical, VocabularyListColumn):
+        string = categorical.dtype in STRING_DTYPES
+        return list(categorical.vocabulary_list), string
+    if isinstance(categorical, VocabularyFileColumn):
+        string = categorical.dtype in STRING_DTYPES
+        tokens = read_vocabulary_file(
+            categorical.vocabulary_file, categorical.key, categorical.dtype
+        )[: categorical.vocabulary_size]
+        return (tokens if string else [int(t) for t in tokens]), string
+    return None
+
+
+def _remap_vocabularies(
+    table: Any, vocabularies: tuple[Any, Any]
+) -> tuple[list[Any], list[Any]]:
+    """Checked `(old, new)` token lists for `table`.
+
+    Raises:
+        ValueError: the table's column has no vocabulary, `new` is not the
+            column's own vocabulary, or `old` holds tokens of another type,
+            a token twice, or no token of `new`.
+    """
+    try:
+        old, new = vocabularies
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"vocabularies['{table.name}'] must be an (old, new) pair of "
+            "token lists or vocabulary files. Received: "
+            f"{vocabularies!r}"
+        ) from None
+    owns = [_vocabulary_of(column) for column in table.columns]
+    if any(own is None for own in owns):
+        raise ValueError(
+            f"vocabularies= remaps rows by token, but table '{table.name}' "
+            "is read by a column without a vocabulary (identity, hashed, "
+            "bucketized or crossed), whose rows are ids: drop "
+            f"'{table.name}' from vocabularies=."
+        )
+    own, string = owns[0]  # type: ignore[misc]
+    if any(other != (own, string) for other in owns[1:]):
+        raise ValueError(
+            f"Table '{table.name}' is shared by columns with different "
+            "vocabularies, so its rows cannot be moved by token: warm start "
+            f"it without vocabularies= or give its columns one vocabulary."
+        )
+    kind = str if string else int
+
+    def tokens(vocabulary: Any, which: str) -> list[Any]:
+        if isinstance(vocabulary, str):
+            read = read_vocabulary_file(
+                vocabulary, table.name, "string" if string else "int64"
+            )
+            return read if string else [int(token) for token in read]
+        result = list(vocabulary)
+        for token in result:
+            ok = (
+                isinstance(token, str)
+                if string
+                else isinstance(token, (int, np.integer))
+                and not isinstance(token, bool)
+            )
+            if not ok:
+                raise ValueError(
+                    f"The {which} vocabulary of table '{table.name}' holds "
+                    f"{token!r} (of type {type(token).__name__}), but the "
+                    f"column's tokens are {kind.__name__}: they would never "
+                    f"match. Give {kind.__name__} tokens."
+                )
+        return result if string else [int(token) for token in result]
+
+    old_tokens = tokens(old, "old")
+    new_tokens = own if new is None else tokens(new, "new")
+    if new_tokens != own:
+        raise ValueError(
+            f"The new vocabulary of table '{table.name}' is not the column's "
+            f"own vocabulary ({len(own)} tokens, starting {own[:5]!r}; "
+            f"received {len(new_tokens)}, starting {new_tokens[:5]!r}): rows "
+            "would land on other tokens' ids. Pass the column's vocabulary "
+            f"(or None) as new: vocabularies={{'{table.name}': (old, None)}}."
+        )
+    seen: dict[Any, int] = {}
+    for position, token in enumerate(old_tokens):
+        if token in seen:
+            raise ValueError(
+                f"The old vocabulary of table '{table.name}' holds {token!r} "
+                f"twice (positions {seen[token]} and {position}): its rows "
+                "cannot be told apart. Give the vocabulary the checkpoint "
+                "was trained with."
+            )
+        seen[token] = position
+    if not set(old_tokens) & set(new_tokens):
+        raise ValueError(
+            f"The old and new vocabularies of table '{table.name}' have no "
+            f"token in common (old starts {old_tokens[:5]!r}, new starts "
+            f"{new_tokens[:5]!r}), so no row would be loaded. Check that "
+            "the old vocabulary is the one the checkpoint was trained with."
+        )
+    return old_tokens, new_tokens
 
 
 def remap_rows(
@@ -156,6 +298,9 @@ def warm_start(
 ) -> WarmStartReport:
     """Loads a model's tables from a feature-column or TPUEstimator checkpoint.
 
+    Every table and slot is read and checked before any is assigned, so a
+    call that raises leaves the model unchanged.
+
     Args:
         model: A built model (or layer, or list) with embedding layers.
         checkpoint: The legacy checkpoint (path or prefix).
@@ -163,10 +308,12 @@ def warm_start(
             conventions above do not find.
         partition_strategy: `"div"` or `"mod"`: how the TPUEstimator run
             sharded its tables.
-        num_shards: The TPUEstimator run's number of hosts (shards); needed
-            for `"mod"`.
+        num_shards: The TPUEstimator run's number of hosts (shards), a
+            positive integer; needed for `"mod"`.
         vocabularies: Table name -> `(old, new)` vocabularies (token lists
-            or text files): rows move by token.
+            or text files): rows move by token. `old` is the checkpoint's
+            vocabulary; `new` must be the table's column's own vocabulary
+            (or `None`, meaning it).
         slots: Also load the optimizer slots (TF1 slot names).
 
     Returns:
@@ -175,8 +322,10 @@ def warm_start(
 
     Raises:
         ValueError: the checkpoint cannot be read, a name matches several
-            tensors, a shape differs (both are named), or `"mod"` comes
-            without `num_shards`.
+            tensors, a shape differs (both are named), `"mod"` comes
+            without a positive integer `num_shards`, a key of
+            `variable_names` or `vocabularies` is not a table of the model,
+            or a vocabulary pair cannot move rows (see `vocabularies`).
         RuntimeError: a layer is not built yet.
     """
     if partition_strategy not in ("div", "mod"):
@@ -184,11 +333,19 @@ def warm_start(
             "`partition_strategy` must be 'div' or 'mod'. Received: "
             f"partition_strategy={partition_strategy!r}"
         )
-    if partition_strategy == "mod" and not num_shards:
-        raise ValueError(
-            "partition_strategy='mod' needs num_shards: the number of hosts "
-            "the TPUEstimator run sharded its tables over."
-        )
+    _check_num_shards(partition_strategy, num_shards)
+    layers = list(embedding_layers(model))
+    for layer in layers:
+        if not layer.built:
+            raise RuntimeError(
+                f"Layer '{layer.name}' is not built: build the model (call it "
+                "once) before warm_start, so that its tables exist."
+            )
+    table_names = [t.name for layer in layers for t in layer.table_specs]
+    explicit = dict(variable_names or {})
+    remaps = dict(vocabularies or {})
+    _check_table_keys("variable_names", explicit, table_names)
+    _check_table_keys("vocabularies", remaps, table_names)
     try:
         reader = tf.train.load_checkpoint(checkpoint)
     except (ValueError, tf.errors.OpError) as error:
@@ -202,13 +359,9 @@ def warm_start(
         for key in reader.get_variable_to_shape_map()
     }
     report = WarmStartReport()
-    explicit = dict(variable_names or {})
-    for layer in embedding_layers(model):
-        if not layer.built:
-            raise RuntimeError(
-                f"Layer '{layer.name}' is not built: build the model (call it "
-                "once) before warm_start, so that its tables exist."
-            )
+    # (variable, value) pairs, assigned only once every one is checked.
+    plan: list[tuple[Any, np.ndarray]] = []
+    for layer in layers:
         local = {t.name for t in layer.local_table_specs}
         for table in layer.table_specs:
             if table.name not in local:
@@ -235,31 +388,59 @@ def warm_start(
                 report.not_found[table.name] = wanted
                 continue
             name = found[0]
+            remap = (
+                _remap_vocabularies(table, remaps[table.name])
+                if table.name in remaps
+                else None
+            )
 
-            def load(tensor_name: str, variable: Any) -> None:
+            def read(
+                tensor_name: str,
+                variable: Any,
+                table: Any = table,
+                remap: tuple[list[Any], list[Any]] | None = remap,
+            ) -> np.ndarray:
                 value = reader.get_tensor(keys[tensor_name])
-                if partition_strategy == "mod":
-                    value = unshard_mod(value, int(num_shards or 1))
-                if vocabularies and table.name in vocabularies:
-                    old, new = vocabularies[table.name]
-                    value = remap_rows(
-                        value,
-                        _tokens(old, table.name),
-                        _tokens(new, table.name),
-                        variable.numpy(),
-                    )
-                if list(value.shape) != list(variable.shape):
+                shape = list(variable.shape)
+                wrong = list(value.shape)[1:] != shape[1:] or (
+                    remap is None and list(value.shape) != shape
+                )
+                if wrong:
                     raise ValueError(
                         f"Tensor '{tensor_name}' of checkpoint {checkpoint} "
                         f"has shape {list(value.shape)}, but table "
-                        f"'{table.name}' has shape {list(variable.shape)}. "
+                        f"'{table.name}' has shape {shape}. "
                         "Give the columns the checkpoint's vocabulary and "
                         "dimension, or pass vocabularies= to remap rows."
                     )
-                variable.assign(value)
+                if not np.issubdtype(value.dtype, np.floating):
+                    raise ValueError(
+                        f"Tensor '{tensor_name}' of checkpoint {checkpoint} "
+                        f"holds {value.dtype} values, not floats: it is not "
+                        f"an embedding table. Pass variable_names="
+                        f"{{'{table.name}': <the table's tensor>}}."
+                    )
+                if partition_strategy == "mod":
+                    value = unshard_mod(value, int(num_shards or 1))
+                if remap is not None:
+                    old, new = remap
+                    if len(old) > value.shape[0]:
+                        raise ValueError(
+                            f"The old vocabulary of table '{table.name}' has "
+                            f"{len(old)} tokens, but tensor '{tensor_name}' "
+                            f"of checkpoint {checkpoint} has {value.shape[0]} "
+                            "rows: it is not the vocabulary this checkpoint "
+                            "was trained with. Give that vocabulary."
+                        )
+                    value = remap_rows(value, old, new, variable.numpy())
+                dtype: Any = tf.as_dtype(variable.dtype).as_numpy_dtype
+                return np.asarray(value, dtype=dtype)
 
-            load(name, layer.table_variable(table.name))
+            variable = layer.table_variable(table.name)
+            plan.append((variable, read(name, variable)))
             report.loaded[table.name] = name
+            if remap is not None:
+                report.remapped[table.name] = len(set(remap[0]) & set(remap[1]))
             if not slots:
                 continue
             for slot, variable in layer.slot_variables(table.name).items():
@@ -268,8 +449,10 @@ def warm_start(
                 if not present:
                     report.not_found[f"{table.name}/{slot}"] = options
                     continue
-                load(present[0], variable)
+                plan.append((variable, read(present[0], variable)))
                 report.slots.setdefault(table.name, {})[slot] = present[0]
+    for variable, value in plan:
+        variable.assign(value)
     if report.not_found:
         warnings.warn(
             f"warm_start: not found in {checkpoint}: "

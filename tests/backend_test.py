@@ -4,6 +4,7 @@ import dataclasses
 import inspect
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -47,9 +48,19 @@ def test_local_tables_answer_activations_for_every_column():
     answer = tables.activations(features, phase)
     assert isinstance(answer, backend.Activations)
     assert sorted(answer.values) == sorted(c.name for c in columns)
-    assert answer.values["a_embedding"].shape == (2, testing.DIM)
-    assert answer.values["s_embedding"].shape == (2, 2, 2)
+    a = tables.table_variable("a").numpy()
+    b = tables.table_variable("b").numpy()
+    s = tables.table_variable("s").numpy()
+    # testing.identity_column sums; the sequence column keeps positions.
+    np.testing.assert_allclose(answer.values["a_embedding"], a[[1, 2]])
+    np.testing.assert_allclose(
+        answer.values["b_embedding"], [b[3] + b[4], np.zeros(3)]
+    )
+    np.testing.assert_allclose(
+        answer.values["s_embedding"], [s[[1, 2]], [s[4], np.zeros(2)]]
+    )
     assert list(answer.lengths) == ["s_embedding"]
+    np.testing.assert_array_equal(answer.lengths["s_embedding"], [2, 1])
 
 
 def test_phase_and_activations_are_frozen_values():

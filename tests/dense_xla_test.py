@@ -163,8 +163,31 @@ def test_xla_training_equals_host_training(optimizer):
     core_model.compile(keras.optimizers.SGD(0.1), "mse", jit_compile=True)
     assert core_model.jit_compile  # Keras kept XLA on: the step compiles
     dataset = tf.data.Dataset.from_tensors((features, labels)).repeat(4)
+
+    def state(layer, table):
+        slots = layer.slot_variables(table.name)
+        return {
+            table.name: layer.table_variable(table.name).numpy(),
+            **{f"{table.name}/{k}": v.numpy() for k, v in slots.items()},
+        }
+
+    initial = {
+        k: v
+        for h in host
+        for t in h.table_specs
+        for k, v in state(h, t).items()
+    }
     host_model.fit(dataset, verbose=0)
     core_model.fit(dataset, verbose=0)
+    # Equal untrained tables would compare equal: every table and slot moved.
+    trained = {
+        k: v
+        for h in host
+        for t in h.table_specs
+        for k, v in state(h, t).items()
+    }
+    unmoved = [k for k in trained if np.array_equal(trained[k], initial[k])]
+    assert unmoved == [], unmoved
     for h, c in zip(host, core):
         assert int(c.embedding_step.numpy()) == 4
         for table in h.table_specs:
@@ -298,7 +321,10 @@ def _served(layer, tmp_path):
     }
     model = keras.Model(inputs, layer(inputs))
     path = kte.export_saved_model(
-        model, str(tmp_path / "sm"), lookup_device="tpu_tensor_core"
+        model,
+        str(tmp_path / "sm"),
+        lookup_device="tpu_tensor_core",
+        inputs="ids",
     )
     return kte.load_saved_model(path).signatures["serving_default"]
 
@@ -372,13 +398,32 @@ def test_training_step_makes_no_vocabulary_sized_tensor(device):
     _, step = _core_training_step(device)
     ids = tf.constant([[1, 5, 5], [7, -1, -1]], tf.int64)
     graph = tf.function(step).get_concrete_function(ids).graph
+    operations = list(_every_operation(graph))
+    # The walk reaches into functions: the step's calls and conds.
+    assert any(op.graph is not graph for op in operations)
     sized = [
         (op.type, op.name, output.shape)
-        for op in graph.get_operations()
+        for op in operations
         for output in op.outputs
         if output.shape.rank and ODD_VOCAB in output.shape.as_list()
     ]
     assert sized == []
+
+
+def _every_operation(graph, seen=None):
+    """`graph`'s operations and those of every function they call (the
+    branches of `If`, bodies of `While`, `PartitionedCall`s), recursively."""
+    seen = set() if seen is None else seen
+    for op in graph.get_operations():
+        yield op
+        for attr in op.node_def.attr.values():
+            for name in [attr.func.name] + [f.name for f in attr.list.func]:
+                if not name or name in seen:
+                    continue
+                seen.add(name)
+                function = graph._get_function(name)
+                assert function is not None and function.graph is not None
+                yield from _every_operation(function.graph, seen)
 
 
 @pytest.mark.parametrize("jit_compile", [False, True])

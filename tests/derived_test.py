@@ -1,5 +1,6 @@
 """Bucketized and crossed column specs: validation, names, configs, ids."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -64,3 +65,185 @@ def test_numeric_column_from_tf_keeps_shape_and_default():
     theirs = tf.feature_column.numeric_column("p", 2, default_value=(1, 2))
     ours = derived.to_numeric_column(theirs)
     assert ours.shape == (2,) and ours.default_value == (1.0, 2.0)
+
+
+def _bucketized_pre_and_model():
+    column = kte.embedding_column(
+        kte.bucketized_column(kte.numeric_column("x", 2), [0.0, 10.0]), 3
+    )
+    pre = kte.FeaturePreprocessor([column])
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    return column, pre, keras.Model(inputs, layer(inputs))
+
+
+@pytest.mark.parametrize("shape", [[4, 3], [4, 1], [4], [2, 2, 2]])
+def test_bucketized_refuses_numbers_per_row_other_than_its_shape(shape):
+    # [4, 3] has 12 numbers: reshaped to [-1, 2] it would be 6 examples.
+    column = kte.bucketized_column(kte.numeric_column("x", 2), [0.0, 10.0])
+    raw = tf.zeros(shape)
+    with pytest.raises(
+        (ValueError, tf.errors.InvalidArgumentError),
+        match=r"x_bucketized.*\[batch, 2\]",
+    ):
+        id_mapping.bucketized_ids(column, raw)
+    dynamic = tf.function(
+        lambda r: id_mapping.bucketized_ids(column, r).dense_shape,
+        input_signature=[tf.TensorSpec(None, tf.float32)],
+    )
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"x_bucketized.*\[batch, 2\]"
+    ):
+        dynamic(raw)
+
+
+def test_bucketized_keeps_the_batch_in_the_preprocessor_and_export(tmp_path):
+    _, pre, model = _bucketized_pre_and_model()
+    raw = {"x": tf.zeros([4, 3])}
+    with pytest.raises(
+        (ValueError, tf.errors.InvalidArgumentError),
+        match=r"x_bucketized.*\[batch, 2\]",
+    ):
+        pre(raw)
+    path = kte.export_saved_model(model, str(tmp_path / "b"), pre)
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"x_bucketized.*\[batch, 2\]"
+    ):
+        serve(x=tf.zeros([4, 3]))
+    # The right shape serves one row per example.
+    assert next(iter(serve(x=tf.zeros([4, 2])).values())).shape[0] == 4
+
+
+def _example(features):
+    feature = {}
+    for key, values in features.items():
+        if values and isinstance(values[0], str):
+            feature[key] = tf.train.Feature(
+                bytes_list=tf.train.BytesList(
+                    value=[v.encode() for v in values]
+                )
+            )
+        else:
+            feature[key] = tf.train.Feature(
+                int64_list=tf.train.Int64List(value=values)
+            )
+    return tf.train.Example(
+        features=tf.train.Features(feature=feature)
+    ).SerializeToString()
+
+
+def _crossed_model(crossed):
+    column = kte.embedding_column(crossed, 3, combiner="sum")
+    pre = kte.FeaturePreprocessor([column])
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    model = keras.Model(inputs, layer(inputs))
+    return pre, layer, model
+
+
+@pytest.mark.parametrize("lookup_device", ["cpu", "tpu_tensor_core"])
+def test_crossed_export_drops_the_signature_padding(tmp_path, lookup_device):
+    pre, layer, model = _crossed_model(
+        kte.crossed_column(["a", "i"], 97, key_dtypes=["string", "int64"])
+    )
+    if lookup_device == "tpu_tensor_core":
+        column = kte.embedding_column(
+            kte.crossed_column(["a", "i"], 97, key_dtypes=["string", "int64"]),
+            3,
+            combiner="sum",
+            tensor_core_shape=[None, 9],
+        )
+        pre = kte.FeaturePreprocessor([column])
+        inputs = pre.keras_inputs()
+        layer = kte.TPUEmbeddingLayer([column], output="concat")
+        model = keras.Model(inputs, layer(inputs))
+    rows = [
+        {"a": ["x", "y"], "i": [1]},
+        {"a": ["z"], "i": [2, 3]},
+        {"a": ["x", "w", "y"], "i": [4]},
+    ]
+    ragged = {
+        "a": tf.ragged.constant([r["a"] for r in rows]),
+        "i": tf.ragged.constant([r["i"] for r in rows], tf.int64),
+    }
+    trained = layer(pre(ragged)).numpy()
+    path = kte.export_saved_model(
+        model, str(tmp_path / "e"), pre, lookup_device=lookup_device
+    )
+    loaded = tf.saved_model.load(path)
+    served = next(
+        iter(
+            loaded.signatures["serving_default"](
+                a=ragged["a"].to_tensor(""), i=ragged["i"].to_tensor(-1)
+            ).values()
+        )
+    ).numpy()
+    examples = tf.constant([_example(r) for r in rows])
+    parsed = next(
+        iter(loaded.signatures["serve_examples"](examples=examples).values())
+    ).numpy()
+    np.testing.assert_allclose(parsed, trained, rtol=1e-6)
+    np.testing.assert_allclose(served, trained, rtol=1e-6)
+
+
+def test_crossed_key_declared_string_refuses_integers():
+    # tf.feature_column.crossed_column declares no dtypes: converted, its
+    # keys are strings, and int 1 hashes differently from "1".
+    converted = tf.feature_column.embedding_column(
+        tf.feature_column.crossed_column(["a", "i"], 97), 3
+    )
+    pre = kte.FeaturePreprocessor([converted])
+    raw = {
+        "a": tf.constant([["x"], ["y"]]),
+        "i": tf.constant([[1], [2]], tf.int64),
+    }
+    with pytest.raises(TypeError, match=r"'i'.*a_X_i.*string.*key_dtypes"):
+        pre(raw)
+    declared = kte.crossed_column(
+        ["a", "i"], 97, key_dtypes=["string", "int64"]
+    )
+    pre = kte.FeaturePreprocessor([kte.embedding_column(declared, 3)])
+    with pytest.raises(TypeError, match=r"'a'.*a_X_i.*int64.*key_dtypes"):
+        pre({"a": raw["i"], "i": raw["i"]})
+    # Declared, integers are crossed as integers, as TF crosses them.
+    ids = pre(raw)["a_X_i"]
+    expected = tf.sparse.cross_hashed([raw["a"], raw["i"]], num_buckets=97)
+    np.testing.assert_array_equal(
+        tf.sparse.to_dense(ids).numpy(), tf.sparse.to_dense(expected).numpy()
+    )
+
+
+def test_float64_numeric_column_exports_and_serves_examples(tmp_path):
+    column = kte.embedding_column(
+        kte.bucketized_column(
+            kte.numeric_column("x", dtype="float64"), [0.0, 10.0]
+        ),
+        3,
+    )
+    pre = kte.FeaturePreprocessor([column])
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    model = keras.Model(inputs, layer(inputs))
+    # tf.Example holds 32-bit floats: the parse spec reads them as such.
+    assert kte.make_parse_example_spec([column])["x"].dtype == tf.float32
+    path = kte.export_saved_model(model, str(tmp_path / "f"), pre)
+    loaded = tf.saved_model.load(path)
+    example = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "x": tf.train.Feature(
+                    float_list=tf.train.FloatList(value=[5.0])
+                )
+            }
+        )
+    ).SerializeToString()
+    parsed = next(
+        iter(
+            loaded.signatures["serve_examples"](
+                examples=tf.constant([example])
+            ).values()
+        )
+    )
+    trained = layer(pre({"x": tf.constant([[5.0]], tf.float64)}))
+    np.testing.assert_allclose(parsed.numpy(), trained.numpy(), rtol=1e-6)

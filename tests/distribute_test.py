@@ -1,5 +1,6 @@
 """`distribute_dataset`: host-side ids, global batch sizes, static shapes."""
 
+import json
 import types
 
 import numpy as np
@@ -72,8 +73,8 @@ def test_each_host_takes_its_slice_of_every_global_batch():
     numbers = tf.data.Dataset.range(9).map(
         lambda i: {"dense": i, "sparse": tf.sparse.from_dense([i + 100])}
     )
-    second_host = types.SimpleNamespace(
-        num_input_pipelines=2, input_pipeline_id=1
+    second_host = tf.distribute.InputContext(
+        num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2
     )
     host = distribute._host_slices(numbers.batch(4), 4)(second_host)
     got = [(int(x["dense"]), x["sparse"].values.numpy().tolist()) for x in host]
@@ -148,3 +149,295 @@ def test_weights_whose_ids_are_unknown_are_an_error():
     weights = tf.SparseTensor([[0, 0]], [2.0], [1, 1])
     with pytest.raises(ValueError, match=r"\['w'\] look like weights"):
         drop_negative_ids({"x": ids, "w": weights}, {}, set(), False)
+
+
+# Pod slices (issue 23, finding 7): `predict` on several hosts. Keras puts
+# the per-replica outputs of a multi-host TPUStrategy back in order with
+# `_tpu_multi_host_concat` (keras/src/backend/tensorflow/trainer.py), which
+# assumes replica r of host h got slice r * hosts + h of the global batch.
+
+
+def _per_host_datasets(dataset, global_batch_size, hosts, replicas):
+    """What `distribute_dataset` gives each host of a pod.
+
+    The stand-in strategy hands back the per-host dataset function that
+    `distribute_datasets_from_function` would call on each host.
+    """
+    captured = []
+    pod = types.SimpleNamespace(
+        num_replicas_in_sync=hosts * replicas,
+        distribute_datasets_from_function=lambda fn, options: captured.append(
+            fn
+        ),
+    )
+    kte.distribute_dataset(pod, dataset, global_batch_size)
+    (dataset_fn,) = captured
+    return [
+        list(
+            dataset_fn(
+                tf.distribute.InputContext(
+                    num_input_pipelines=hosts,
+                    input_pipeline_id=host,
+                    num_replicas_in_sync=hosts * replicas,
+                )
+            )
+        )
+        for host in range(hosts)
+    ]
+
+
+def _keras_predict_order(per_host, replicas):
+    """Each step's outputs as Keras' `predict` concatenates them.
+
+    A host's per-replica batches go to its replicas in turn (TF's
+    MultiDeviceIterator); TPUStrategy lists local results host by host.
+    """
+    from keras.src.backend.tensorflow.trainer import _tpu_multi_host_concat
+
+    steps = {len(batches) // replicas for batches in per_host}
+    assert len(steps) == 1, [len(b) for b in per_host]  # hosts agree
+    pod = types.SimpleNamespace(
+        experimental_local_results=lambda values: values,
+        extended=types.SimpleNamespace(num_replicas_per_host=replicas),
+    )
+    return [
+        _tpu_multi_host_concat(
+            [
+                batches[step * replicas + replica]
+                for batches in per_host
+                for replica in range(replicas)
+            ],
+            pod,
+        )
+        for step in range(steps.pop())
+    ]
+
+
+def _numbers(n):
+    return tf.data.Dataset.range(n).map(
+        lambda i: ({"dense": i, "sparse": tf.sparse.from_dense([i + 100])}, -i)
+    )
+
+
+@pytest.mark.parametrize("hosts, replicas", [(2, 1), (2, 2), (3, 2)])
+@pytest.mark.parametrize("kind", ["examples", "unknown_length", "batched"])
+def test_predict_on_a_pod_keeps_input_order(kind, hosts, replicas):
+    """Keras' reorder gives back each global batch in input order (before,
+    the rows came back permuted); a short last global batch is dropped on
+    every host alike."""
+    global_batch = 2 * hosts * replicas
+    n = 3 * global_batch + hosts * replicas + 1  # 3 full global batches
+    dataset = _numbers(n)
+    if kind == "unknown_length":
+        dataset = dataset.filter(lambda x, y: True)
+    if kind == "batched":
+        dataset = dataset.batch(global_batch)
+    per_host = _per_host_datasets(
+        dataset, None if kind == "batched" else global_batch, hosts, replicas
+    )
+    labels = _keras_predict_order(
+        [[y for _, y in batches] for batches in per_host], replicas
+    )
+    expected = -np.arange(3 * global_batch).reshape(3, global_batch)
+    np.testing.assert_array_equal(np.stack(labels), expected)
+    dense = _keras_predict_order(
+        [[x["dense"] for x, _ in batches] for batches in per_host], replicas
+    )
+    np.testing.assert_array_equal(np.stack(dense), -expected)
+    sparse = _keras_predict_order(
+        [[x["sparse"].values for x, _ in batches] for batches in per_host],
+        replicas,
+    )
+    np.testing.assert_array_equal(np.stack(sparse), 100 - expected)
+
+
+# A TPU without an embedding engine (issue 23, finding 6). The layers'
+# tables fall back to the tensor-core (dense XLA) lookup there; its ids must
+# leave the host dense, padded to the column's width, with static shapes.
+# The hardware is simulated on a MirroredStrategy over 2 logical CPUs by
+# patching `tpu_hardware.embedding_hardware`; the lead will move this onto
+# `keras_tpu_embed.testing.emulated_tpu(embedding_feature="UNSUPPORTED")`.
+NO_ENGINE_SCRIPT = r"""
+import json
+import numpy as np
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras_tpu_embed as kte
+from keras_tpu_embed import tpu_hardware
+
+mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+# XLA cannot reach the variables of a MirroredStrategy's second CPU replica
+# (replicas_test.py, test_keras_jit_compile_fails_under_mirrored_cpu_devices),
+# so the compiled replica function runs on one device.
+one = tf.distribute.OneDeviceStrategy("/cpu:0")
+real_hardware = tpu_hardware.embedding_hardware
+
+
+def no_engine(s):
+    if s is mirrored or s is one:
+        return tpu_hardware.EmbeddingHardware.NO_ENGINE
+    return real_hardware(s)
+
+
+tpu_hardware.embedding_hardware = no_engine
+item = kte.categorical_column_with_identity("item", 10)
+tag = kte.weighted_categorical_column(
+    kte.categorical_column_with_vocabulary_list(
+        "tag", ["a", "b", "c"], num_oov_buckets=1
+    ),
+    "tag_w",
+)
+hist = kte.sequence_categorical_column_with_identity("hist", 10)
+columns = [
+    kte.embedding_column(item, 4, tensor_core_shape=[None, 3]),
+    kte.embedding_column(tag, 4, combiner="sum", tensor_core_shape=[None, 2]),
+    kte.embedding_column(hist, 4, max_sequence_length=3),
+]
+rng = np.random.default_rng(0)
+N = 16
+
+
+def ragged(make):
+    return tf.ragged.constant([make(1 + i % 3) for i in range(N)])
+
+
+raw = tf.data.Dataset.from_tensor_slices(
+    (
+        {
+            "item": ragged(lambda n: rng.integers(0, 10, n).tolist())
+            .to_sparse(),
+            "tag": ragged(lambda n: list(rng.choice(list("abcz"), min(n, 2))))
+            .to_sparse(),
+            "tag_w": ragged(
+                lambda n: rng.uniform(0.5, 2, min(n, 2)).tolist()
+            ).to_sparse(),
+            "hist": ragged(lambda n: rng.integers(0, 10, n).tolist())
+            .to_sparse(),
+        },
+        tf.zeros(N),
+    )
+)
+pre = kte.FeaturePreprocessor(columns)
+
+
+def check(strategy, jit):
+    with strategy.scope():
+        layer = kte.TPUEmbeddingLayer(columns)
+        layer.build()
+    padded = kte.distribute_dataset(strategy, raw, 4, preprocessor=pre)
+    specs = [
+        spec
+        for per_replica in tf.nest.flatten(padded.element_spec)
+        # A PerReplicaSpec holds one spec per replica.
+        for spec in getattr(per_replica, "_value_specs", [per_replica])
+    ]
+    not_static = [
+        str(s) for s in specs
+        if not isinstance(s, tf.TensorSpec) or not s.shape.is_fully_defined()
+    ]
+    # What the replica received before: the preprocessor's sparse ids, as
+    # on hardware with neither engine nor padding.
+    tpu_hardware.embedding_hardware = real_hardware
+    today = kte.distribute_dataset(strategy, raw, 4, preprocessor=pre)
+    tpu_hardware.embedding_hardware = no_engine
+    graphs = []
+
+    def lookup(features):
+        graphs.append(tf.compat.v1.get_default_graph())
+        return layer(features)
+
+    replica_fn = tf.function(lookup, jit_compile=jit)
+
+    @tf.function
+    def new_step(features):
+        return strategy.run(replica_fn, args=(features,))
+
+    @tf.function
+    def old_step(features):
+        return strategy.run(layer, args=(features,))
+
+    difference, error, steps = 0.0, None, 0
+    for (new, _), (old, _) in zip(padded, today):
+        try:
+            got = new_step(new)
+        except Exception as e:  # reported, so that the test shows it
+            error = f"{type(e).__name__}: {str(e)[-400:]}"
+            break
+        want = old_step(old)
+        for key in want:
+            for a, b in zip(
+                strategy.experimental_local_results(got[key]),
+                strategy.experimental_local_results(want[key]),
+            ):
+                difference = max(difference, float(np.max(np.abs(a - b))))
+        steps += 1
+    sparse_ops = sorted(
+        {op.type for g in graphs for op in g.get_operations()
+         if "Sparse" in op.type}
+    )
+    return {
+        "not_static": not_static,
+        "sparse_ops": sparse_ops,
+        "error": error,
+        "steps": steps,
+        "max_difference": difference,
+    }
+
+
+print(json.dumps({
+    "mirrored": check(mirrored, jit=False),
+    "xla": check(one, jit=True),
+}))
+"""
+
+
+def test_no_engine_tpu_gets_static_padded_ids_from_the_host(tmp_path):
+    """Before, the fallback columns' ids reached the replica sparse, with
+    dynamic shapes, and were densified there (SparseToDense under XLA)."""
+    from tests import testing
+
+    script = tmp_path / "no_engine.py"
+    script.write_text(NO_ENGINE_SCRIPT)
+    completed = testing.run_python(str(script), TF_CPP_MIN_LOG_LEVEL="3")
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    print(result)
+    for strategy in ("mirrored", "xla"):
+        assert result[strategy]["not_static"] == [], strategy
+        assert result[strategy]["error"] is None, strategy
+        assert result[strategy]["sparse_ops"] == [], strategy
+        assert result[strategy]["steps"] == 4, strategy
+        assert result[strategy]["max_difference"] < 1e-6, strategy
+
+
+def test_no_engine_tpu_pads_by_columns_or_refuses_unknown_sparse(
+    monkeypatch,
+):
+    """Without a preprocessor, `columns=` says the widths; with neither,
+    sparse ids cannot be padded and are refused rather than left sparse."""
+    from keras_tpu_embed import tpu_hardware
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    monkeypatch.setattr(
+        tpu_hardware,
+        "embedding_hardware",
+        lambda s: tpu_hardware.EmbeddingHardware.NO_ENGINE,
+    )
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 10),
+        4,
+        tensor_core_shape=[None, 3],
+    )
+    batches = kte.distribute_dataset(
+        strategy, _examples(6), 3, columns=[column]
+    )
+    got = [x["item"].numpy().tolist() for x, _ in batches]
+    assert got == [[[0, -1, -1], [1, 1, -1], [2, 2, 2]]] * 1 + [
+        [[3, -1, -1], [4, 4, -1], [5, 5, 5]]
+    ]
+    with pytest.raises(ValueError, match=r"no embedding engine.*\['item'\]"):
+        kte.distribute_dataset(strategy, _examples(6), 3)

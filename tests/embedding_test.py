@@ -1,5 +1,6 @@
 """Embedding column specs: defaults, checks, properties, serialization."""
 
+import dataclasses
 import math
 
 import keras
@@ -55,8 +56,12 @@ def test_specs_are_immutable():
     column = kte.embedding_column(
         kte.categorical_column_with_identity("a", 5), 2
     )
-    with pytest.raises(Exception):
+    with pytest.raises(
+        dataclasses.FrozenInstanceError,
+        match="cannot assign to field 'dimension'",
+    ):
         column.dimension = 3
+    assert column.dimension == 2
 
 
 def test_serialization_round_trip(tmp_path):

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed import initialization
@@ -91,3 +92,117 @@ def test_tables_too_large_for_memory_fail_at_build_naming_them(categorical):
     layer = kte.TPUEmbeddingLayer([kte.embedding_column(categorical(), 8)])
     with pytest.raises(ValueError, match=r"Table 'h'.*rows.*bytes.*avail"):
         layer.build()
+
+
+# Pod slices (issue 23, finding 5). TF's mid-level API creates every engine
+# table under `make_sharded_variable_creator(hosts)`, which calls the
+# table's initializer once per host with that host's shard. These tests run
+# TF's own creator on CPU "hosts" and create the variable exactly as
+# `TPUEmbedding._create_variables_and_slots` does.
+
+
+def _shards(initializer, shape, hosts):
+    """The per-host shards TF's sharded variable creator makes."""
+    import functools
+
+    from tensorflow.python.tpu import tpu_embedding_v2
+
+    creator = tpu_embedding_v2.make_sharded_variable_creator(["/cpu:0"] * hosts)
+    with tf.variable_creator_scope(creator):
+        variable = tf.Variable(
+            name="table",
+            initial_value=functools.partial(
+                initializer, shape, dtype=tf.float32
+            ),
+            shape=shape,
+            dtype=tf.float32,
+            trainable=False,
+        )
+    return [shard.numpy() for shard in variable.variables]
+
+
+def _engine_initializer(column):
+    configs = kte.to_tpu_feature_configs([column])
+    return configs[column.name].table.initializer
+
+
+def _one_device(initializer, shape):
+    """The table TF's mid-level API makes off the TPU (no creator scope)."""
+    import functools
+
+    return tf.Variable(
+        functools.partial(initializer, shape, dtype=tf.float32)
+    ).numpy()
+
+
+_INITIALIZERS = {
+    "default": lambda: None,
+    "truncated_seeded": lambda: keras.initializers.TruncatedNormal(seed=11),
+    "normal": lambda: keras.initializers.RandomNormal(stddev=2.0),
+    "uniform_seeded": lambda: keras.initializers.RandomUniform(-3, 1, seed=4),
+    "constant": lambda: keras.initializers.Constant(0.5),
+    "glorot_seeded": lambda: keras.initializers.GlorotUniform(seed=2),
+    "function": lambda: (
+        lambda shape, dtype=None: tf.reshape(
+            tf.range(shape[0] * shape[1], dtype=dtype), shape
+        )
+    ),
+}
+
+
+@pytest.mark.parametrize("hosts", [1, 2, 3])
+@pytest.mark.parametrize("name", sorted(_INITIALIZERS))
+def test_engine_shards_are_the_rows_of_the_one_device_table(name, hosts):
+    """Each host's shard is its rows of the table one device makes, and of
+    the table the layer holds on CPU: bit for bit."""
+    # 7 rows: not divisible by 2 or 3; 5 columns: shard offsets are not on
+    # the random generator's 4-element groups.
+    shape = (7, 5)
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", shape[0]),
+        shape[1],
+        initializer=_INITIALIZERS[name](),
+    )
+    initializer = _engine_initializer(column)
+    shards = _shards(initializer, shape, hosts)
+    assert [len(s) for s in shards] == [
+        len(r) for r in np.array_split(np.zeros(shape[0]), hosts)
+    ]
+    whole = _one_device(initializer, shape)
+    np.testing.assert_array_equal(np.concatenate(shards), whole)
+    layer = kte.TPUEmbeddingLayer([column])
+    layer.build()
+    np.testing.assert_array_equal(layer.table_variable("item").numpy(), whole)
+
+
+def test_default_initialized_shards_never_repeat():
+    """With TF's creator the default initializer gave every host the same
+    shard: rows repeated with period vocabulary / hosts."""
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 8), 4
+    )
+    shards = _shards(_engine_initializer(column), (8, 4), 2)
+    assert not np.array_equal(shards[0], shards[1])
+    rows = np.concatenate(shards)
+    assert len({row.tobytes() for row in rows}) == len(rows)
+
+
+def _checkpoint_column(tmp_path, values):
+    variable = tf.Variable(values)
+    path = tf.train.Checkpoint(table=variable).write(str(tmp_path / "c"))
+    return kte.embedding_column(
+        kte.categorical_column_with_identity("item", values.shape[0]),
+        values.shape[1],
+        ckpt_to_load_from=path,
+        tensor_name_in_ckpt="table/.ATTRIBUTES/VARIABLE_VALUE",
+    )
+
+
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_checkpoint_initializer_on_pod_shards(tmp_path, hosts):
+    """It raised on the shard shape whenever there was more than one host."""
+    values = np.arange(35, dtype=np.float32).reshape(7, 5)
+    column = _checkpoint_column(tmp_path, values)
+    shards = _shards(_engine_initializer(column), values.shape, hosts)
+    assert len(shards) == hosts
+    np.testing.assert_array_equal(np.concatenate(shards), values)

@@ -3,8 +3,9 @@
 The constructors' signatures come from the installed TensorFlow, so an
 argument it adds fails the first test until it is handled. The second
 builds every accepted constructor with its arguments at a default and then
-with each honoured argument changed: the converted column must change too
-(a dropped argument would convert to the same column), and each refused
+with each honoured argument changed: the converted column must change
+exactly where that argument lands, to its value (a dropped argument would
+convert to the same column, a misrouted one elsewhere), and each refused
 value must raise an error naming the argument.
 """
 
@@ -279,6 +280,102 @@ REFUSED_VALUES = {
 }
 
 
+def _flat(description, prefix=""):
+    """A converted column's description as {"a.b" or "[i].a": leaf}."""
+    if isinstance(description, dict):
+        items = [
+            (f"{prefix}.{k}" if prefix else k, v)
+            for k, v in description.items()
+        ]
+    elif isinstance(description, list):
+        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(description)]
+    else:
+        return {prefix: description}
+    flat = {}
+    for path, value in items:
+        flat.update(_flat(value, path))
+    return flat
+
+
+def _changed(reference, converted):
+    """Every leaf the change moved, with its new value."""
+    before, after = _flat(reference), _flat(converted)
+    return {
+        path: after.get(path, "<absent>")
+        for path in sorted(set(before) | set(after))
+        if before.get(path, "<absent>") != after.get(path, "<absent>")
+    }
+
+
+def _leaf(value):
+    """An argument's value as the converted column holds it."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, tf.DType):
+        return value.name
+    return value
+
+
+def _crossed_with_bucketized(keys):
+    return keys[0] == "a" and keys[1].boundaries == (1.0,)
+
+
+# What each honoured argument must change, where the argument's own field
+# holding its value (the default) is not the whole story.
+SPECIAL_CHANGES = {
+    "categorical_column": {"categorical_column.key": "b"},
+    "initializer": {"initializer.class_name": "Ones"},
+    "max_sequence_length": {
+        "categorical_column.key": "s",
+        "categorical_column.is_sequence": True,
+        "max_sequence_length": 4,
+    },
+    ("crossed_column", "keys"): {
+        "keys": _crossed_with_bucketized,
+        "key_dtypes": ("string",),
+    },
+    ("bucketized_column", "source_column"): {"source_column.shape": (2,)},
+    ("numeric_column", "key"): {"source_column.key": "m"},
+    ("numeric_column", "shape"): {"source_column.shape": (2,)},
+    ("numeric_column", "default_value"): {
+        "source_column.default_value": (1.0,)
+    },
+    ("numeric_column", "dtype"): {"source_column.dtype": "int64"},
+}
+# Shared constructors: changes to the columns themselves, not to each.
+SHARED_CHANGES = {
+    "categorical_columns": {
+        "[0].shared_embedding_collection_name": "a_c_shared_embedding",
+        "[1].shared_embedding_collection_name": "a_c_shared_embedding",
+        "[1].categorical_column.key": "c",
+    },
+    "max_sequence_lengths": {
+        "[0].shared_embedding_collection_name": "a_s_shared_embedding",
+        "[1].shared_embedding_collection_name": "a_s_shared_embedding",
+        "[1].categorical_column.key": "s",
+        "[1].categorical_column.is_sequence": True,
+        "[1].max_sequence_length": 4,
+    },
+}
+
+
+def _expected_change(dotted, argument, change):
+    """The converted column's leaves that `change` must move, and to what:
+    by default each changed argument's own field to its value."""
+    short = dotted.split(".")[-1]
+    if short.startswith("shared_"):  # a list of columns: each changes
+        if argument in SHARED_CHANGES:
+            return SHARED_CHANGES[argument]
+        each = _expected_change(
+            "tf.feature_column.embedding_column", argument, change
+        )
+        return {f"[{i}].{k}": v for i in (0, 1) for k, v in each.items()}
+    for key in ((short, argument), argument):
+        if key in SPECIAL_CHANGES:
+            return SPECIAL_CHANGES[key]
+    return {k: _leaf(v) for k, v in change.items()}
+
+
 @pytest.fixture(scope="module")
 def vocabulary(tmp_path_factory):
     directory = tmp_path_factory.mktemp("vocabulary")
@@ -317,7 +414,16 @@ def test_every_honoured_argument_changes_the_converted_column(vocabulary):
                 with pytest.raises((ValueError, TypeError), match=argument):
                     _convert(dotted, kwargs)
                 continue
-            assert _convert(dotted, kwargs) != reference, (dotted, argument)
+            changed = _changed(reference, _convert(dotted, kwargs))
+            want = _expected_change(dotted, argument, change)
+            assert set(changed) == set(want), (dotted, argument, changed)
+            for path, value in want.items():
+                ok = (
+                    value(changed[path])
+                    if callable(value)
+                    else (changed[path] == value)
+                )
+                assert ok, (dotted, argument, path, changed[path])
 
 
 @pytest.mark.parametrize(
@@ -346,7 +452,8 @@ def test_refused_constructors_are_refused_by_name(dotted):
                 conversion.to_categorical_column(column)
 
 
-def test_readme_has_the_current_migration_table():
-    with open(os.path.join(HERE, os.pardir, "README.md")) as handle:
+def test_migration_guide_has_the_current_migration_table():
+    guide = os.path.join(HERE, os.pardir, "docs", "migration.md")
+    with open(guide) as handle:
         readme = handle.read()
     assert legacy_arguments.migration_table() in readme

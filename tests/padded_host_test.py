@@ -27,6 +27,22 @@ def _dense(value):
     return tf.sparse.to_dense(value, tf.constant(pad, value.dtype))
 
 
+def _poison(monkeypatch, name):
+    """`padded_host.<name>` with NaN added to whatever it returns."""
+    original = getattr(padded_host, name)
+
+    def nan(value):
+        return value + tf.constant(float("nan"), value.dtype)
+
+    def poisoned(*args, **kwargs):
+        result = original(*args, **kwargs)
+        if callable(result):  # _device_part returns the device function
+            return lambda *a: nan(result(*a))
+        return nan(result)
+
+    monkeypatch.setattr(padded_host, name, poisoned)
+
+
 @pytest.mark.parametrize("branch", ["padded", "sparse_fallback", "dense_ids"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_cpu_serving_equals_sparse_path(kind, branch, tmp_path, monkeypatch):
@@ -38,6 +54,12 @@ def test_cpu_serving_equals_sparse_path(kind, branch, tmp_path, monkeypatch):
         monkeypatch.setattr(
             padded_host, "worth_padding", lambda *_: tf.constant(False)
         )
+    # The branch not named poisons its output with NaN, so the comparison
+    # below fails unless the named branch ran.
+    poisoned = (
+        "_device_part" if branch == "sparse_fallback" else "_sparse_column"
+    )
+    _poison(monkeypatch, poisoned)
     pre = kte.FeaturePreprocessor(columns)
     layer = kte.TPUEmbeddingLayer(
         columns,
@@ -176,3 +198,47 @@ def test_a_batch_with_one_long_row_serves_as_the_sparse_path():
             layer({"ids": ids}, training=False).numpy(),
             atol=1e-6,
         )
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_mostly_padded_dense_ids_are_compacted(monkeypatch, weighted):
+    """A [64, 2000] batch of -1 with a few ids per row: padded as sent it
+    gathers 64 * 2048 rows; compacted, a few per example."""
+    categorical = kte.categorical_column_with_identity("ids", 50)
+    if weighted:
+        categorical = kte.weighted_categorical_column(categorical, "w")
+    column = kte.embedding_column(categorical, 4, combiner="sqrtn")
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    rng = np.random.default_rng(0)
+    ids = np.full([64, 2000], -1, np.int64)
+    weights = np.zeros([64, 2000], np.float32)
+    for row in range(64):
+        at = rng.choice(2000, size=3, replace=False)
+        ids[row, at] = rng.integers(0, 50, size=3)
+        weights[row, at] = rng.uniform(0.5, 2.0, size=3)
+    features = {"ids": tf.constant(ids)}
+    if weighted:
+        features["w"] = tf.constant(weights)
+    expected = layer(features, training=False)
+    widest = tf.Variable(0, dtype=tf.int64)
+    original = padded_host._device_part
+
+    def recording(*args, **kwargs):
+        device = original(*args, **kwargs)
+
+        def run(ids, *rest):
+            # Assigned only in the branch that runs (a cond traces both).
+            width = tf.shape(ids, out_type=tf.int64)[1]
+            with tf.control_dependencies(
+                [widest.assign(tf.maximum(widest, width))]
+            ):
+                return tf.identity(device(ids, *rest))
+
+        return run
+
+    monkeypatch.setattr(padded_host, "_device_part", recording)
+    with layer.serving_lookups():
+        served = tf.function(lambda f: layer(f, training=False))(features)
+    np.testing.assert_allclose(served.numpy(), expected.numpy(), atol=1e-6)
+    # The branch that ran padded to a few ids per example, not 2048.
+    assert 0 < int(widest.numpy()) <= 4

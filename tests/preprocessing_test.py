@@ -42,7 +42,8 @@ def test_errors_name_the_feature():
         [kte.categorical_column_with_hash_bucket("h", 10)]
     )
     with pytest.raises(KeyError, match=r"Missing feature 'h'.*\['h'\]"):
-        pre({"other": tf.constant(["x"])})
+        with pytest.warns(UserWarning, match=r"ignores features \['other'\]"):
+            pre({"other": tf.constant(["x"])})
     with pytest.raises(TypeError, match="Feature 'h' must hold strings"):
         pre({"h": tf.constant([1.5])})
     with pytest.raises(ValueError, match="Feature 'h' must be rank 1"):
@@ -53,8 +54,12 @@ def test_extra_keys_warn_once():
     pre = kte.FeaturePreprocessor(
         [kte.categorical_column_with_hash_bucket("h", 10)]
     )
-    with pytest.warns(UserWarning, match=r"ignores features \['label'\]"):
+    with pytest.warns(
+        UserWarning, match=r"ignores features \['label'\]"
+    ) as record:
         pre({"h": tf.constant(["x"]), "label": tf.constant([1])})
+    # Attributed to this line, not to Keras' traceback_utils.py.
+    assert [w.filename for w in record] == [__file__]
 
 
 def test_weighted_inputs_keep_alignment():

@@ -9,10 +9,13 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_readme_starts_with_the_two_commands():
+def test_readme_opens_with_title_pitch_and_the_two_commands():
     text = (ROOT / "README.md").read_text()
-    match = re.match(r"```bash\n(.*?)\n```", text, re.S)
-    assert match, "README.md must start with a bash block"
+    assert text.startswith("# keras_tpu_embed\n\n")
+    # .ci/run runs the second line of the first bash block.
+    match = re.search(r"```bash\n(.*?)\n```", text, re.S)
+    assert match, "README.md must hold the two commands in a bash block"
+    assert "```" not in text[: match.start()], "the commands come first"
     commands = match.group(1).splitlines()
     assert len(commands) == 2
     assert "keras_tpu_embed.demo" in commands[0]
@@ -22,9 +25,14 @@ def test_readme_starts_with_the_two_commands():
         ".venv/bin/ruff check .",
         ".venv/bin/ruff format --check .",
         ".venv/bin/mypy --strict keras_tpu_embed",
+        ".venv/bin/mkdocs build --strict",
     ):
         assert check in commands[1]
         assert commands[1].index(check) < commands[1].index("pytest")
+    # The tests run on 2 processes (xdist), from the dev extra.
+    assert "pytest -q -n 2 --dist loadfile" in commands[1]
+    dev = (ROOT / "pyproject.toml").read_text()
+    assert '"pytest-xdist"' in dev and '"mkdocs' in dev
     assert "README.md" in (ROOT / ".ci" / "run").read_text()
 
 
@@ -60,6 +68,7 @@ def test_import_fails_clearly_without_tensorflow():
 def test_user_facing_text_cites_no_internal_document():
     """Users never see the design notes or the issues: state rules inline."""
     files = [ROOT / "README.md", ROOT / "benchmarks" / "README.md"]
+    files += sorted((ROOT / "docs").glob("*.md"))
     for folder in ("keras_tpu_embed", "notebooks", "examples"):
         files += sorted((ROOT / folder).rglob("*.py"))
         files += sorted((ROOT / folder).rglob("*.ipynb"))
@@ -74,11 +83,14 @@ def test_user_facing_text_cites_no_internal_document():
 def test_ci_runs_the_suite_on_both_supported_tensorflow_versions():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
-    test_command = re.match(r"```bash\n(.*?)\n```", readme, re.S).group(1)
+    test_command = re.search(r"```bash\n(.*?)\n```", readme, re.S).group(1)
     # Step 1: the README command, which installs the newest allowed (2.21).
     assert "'.[cpu,dev]'" in test_command.splitlines()[1]
     assert "'tf-keras~=2.21.0'" in test_command.splitlines()[1]
     # Step 2: TensorFlow 2.20 in a second virtualenv, then the same suite.
     assert "'tensorflow-cpu==2.20.*'" in ci
     assert "'tf-keras~=2.20.0'" in ci
-    assert ".venv220/bin/python -m pytest -q" in ci
+    assert ".venv220/bin/python -m pytest -q -n 2 --dist loadfile" in ci
+    # CI sets CI, so the network tests fail there instead of skipping.
+    export = re.search(r"^export CI=true$", ci, re.M)
+    assert export and export.start() < ci.index('bash -c "$command"')

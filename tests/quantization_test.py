@@ -298,3 +298,107 @@ def test_packed_codes_gather_the_same_rows(table_dtype, dimension):
     np.testing.assert_allclose(
         compiled(ids).numpy(), expected[ids.numpy()], rtol=0, atol=1e-6
     )
+
+
+def test_bfloat16_export_refuses_values_that_round_to_inf(tmp_path):
+    pre, layer, model = _model()
+    variable = layer.table_variable("item")
+    values = variable.numpy()
+    # Finite in float32, but rounds up past bfloat16's largest value.
+    values[7, 2] = np.finfo(np.float32).max
+    variable.assign(values)
+    with pytest.raises(ValueError, match=r"Table 'item'.*rows \[7\].*bfloat16"):
+        quantization.quantize_rows(values, "bfloat16", "item")
+    with pytest.raises(ValueError, match=r"Table 'item'.*rows \[7\]"):
+        kte.export_saved_model(
+            model, str(tmp_path / "b"), pre, table_dtype="bfloat16"
+        )
+    with pytest.raises(ValueError, match=r"Table 'item'.*rows \[7\]"):
+        kte.quantization_error(model, "bfloat16")
+
+
+@pytest.mark.parametrize(
+    "lookup_device", ["cpu", "cpu_sparse_branch", "tpu_tensor_core"]
+)
+def test_int8_export_refuses_rows_whose_spread_overflows(
+    tmp_path, monkeypatch, lookup_device
+):
+    pre, layer, model = _model()
+    if lookup_device == "cpu_sparse_branch":
+        monkeypatch.setattr(
+            padded_host, "worth_padding", lambda *_: tf.constant(False)
+        )
+        lookup_device = "cpu"
+    variable = layer.table_variable("item")
+    values = variable.numpy()
+    big = np.finfo(np.float32).max
+    values[5] = [-big, big, 0.0, 1.0]
+    variable.assign(values)
+    with pytest.raises(ValueError, match=r"Table 'item'.*rows \[5\].*int8"):
+        kte.export_saved_model(
+            model,
+            str(tmp_path / "i"),
+            pre,
+            lookup_device=lookup_device,
+            table_dtype="int8",
+        )
+
+
+def test_int8_table_dtype_survives_a_resave(tmp_path):
+    pre, _, model = _model()
+    path = kte.export_saved_model(
+        model, str(tmp_path / "int8"), pre, table_dtype="int8"
+    )
+    loaded = tf.saved_model.load(path)
+    again = str(tmp_path / "again")
+    tf.saved_model.save(loaded, again, signatures=loaded.signatures)
+    assert kte.load_saved_model(again, verify=False).table_dtype == "int8"
+    assert kte.load_saved_model(path).table_dtype == "int8"
+
+
+@pytest.mark.parametrize("max_norm", [np.inf, float("inf")])
+def test_infinite_max_norm_is_refused(max_norm):
+    with pytest.raises(ValueError, match=r"max_norm.*finite.*None"):
+        kte.embedding_column(
+            kte.categorical_column_with_identity("item", 5),
+            2,
+            max_norm=max_norm,
+        )
+
+
+@pytest.mark.parametrize(
+    "lookup_device", ["cpu", "cpu_sparse_branch", "tpu_tensor_core"]
+)
+def test_huge_max_norm_leaves_rows_unclipped(
+    tmp_path, monkeypatch, lookup_device
+):
+    pre, layer, model = _model(max_norm=1e37)
+    if lookup_device == "cpu_sparse_branch":
+        monkeypatch.setattr(
+            padded_host, "worth_padding", lambda *_: tf.constant(False)
+        )
+        lookup_device = "cpu"
+    variable = layer.table_variable("item")
+    values = np.full(variable.shape, 100.0, np.float32)
+    values[3] = 1e15
+    variable.assign(values)
+    ids = tf.constant([[1, 3, -1], [2, -1, -1]], tf.int64)
+    path = kte.export_saved_model(
+        model, str(tmp_path / "e"), pre, lookup_device=lookup_device
+    )
+    served = next(
+        iter(
+            tf.saved_model.load(path)
+            .signatures["serving_default"](item=ids)
+            .values()
+        )
+    ).numpy()
+    # "mean": row 0 averages ids 1 and 3, row 1 is id 2; no row's norm
+    # (at most 2e15) reaches 1e37.
+    expected = np.stack([(values[1] + values[3]) / 2, values[2]])
+    np.testing.assert_allclose(served, expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        layer({"item": ids}).numpy(),
+        expected,
+        rtol=1e-6,
+    )

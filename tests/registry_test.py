@@ -2,6 +2,7 @@
 
 import inspect
 
+import numpy as np
 import tensorflow as tf
 
 import keras_tpu_embed as kte
@@ -41,4 +42,7 @@ def test_local_tables_answer_activations_for_every_column():
     answer = local.activations({"item": tf.constant([[1, 2]])}, phase)
     assert isinstance(answer, Activations)
     assert sorted(answer.values) == ["item_embedding"]
-    assert answer.values["item_embedding"].shape == (1, 4)
+    table = layer.table_variable("item").numpy()
+    np.testing.assert_allclose(
+        answer.values["item_embedding"], [(table[1] + table[2]) / 2]
+    )

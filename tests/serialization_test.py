@@ -1,6 +1,7 @@
 """Every class that appears in a config is registered, one way."""
 
 import inspect
+import json
 
 import keras
 import pytest
@@ -9,6 +10,7 @@ import keras_tpu_embed as kte
 from keras_tpu_embed import columns
 from keras_tpu_embed import optimizers
 from keras_tpu_embed.serialization import serializable
+from tests import testing
 
 CONFIG_CLASSES = [
     kte.TPUEmbeddingLayer,
@@ -53,3 +55,43 @@ def test_serializable_registers_a_new_class():
             return {}
 
     assert keras.saving.get_registered_name(Probe) == "keras_tpu_embed>Probe"
+
+
+# Loads a `.keras` file with Keras alone; prints the outcome as JSON.
+LOAD_SCRIPT = """
+import json, sys
+import keras
+try:
+    keras.models.load_model(sys.argv[1])
+    outcome = {"loaded": True, "error": ""}
+except Exception as error:
+    outcome = {"loaded": False, "error": str(error)}
+outcome["imported"] = "keras_tpu_embed" in sys.modules
+print(json.dumps(outcome))
+"""
+
+
+@pytest.mark.slow
+def test_keras_file_loads_or_names_the_import_without_the_package(tmp_path):
+    """Keras 3 imports a registered class's module only for keras and
+    keras_hub/cv/nlp (`serialization_lib._retrieve_class_or_fn`), so a
+    process that never imported the package cannot find the layers; the
+    error gave Keras' generic advice, the package only deep inside a
+    config dump. It must name the import to add."""
+    item = kte.categorical_column_with_identity("item", 10)
+    inputs = kte.FeaturePreprocessor([kte.embedding_column(item, 2)])
+    inputs = inputs.keras_inputs()
+    layer = kte.TPUEmbeddingLayer([kte.embedding_column(item, 2)])
+    model = keras.Model(inputs, layer(inputs)["item_embedding"])
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    # cwd: tmp_path, so that the fresh process cannot find the package.
+    completed = testing.run_python(
+        "-c", LOAD_SCRIPT, path, cwd=str(tmp_path), TF_CPP_MIN_LOG_LEVEL="3"
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    outcome = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert not outcome["imported"]
+    if not outcome["loaded"]:
+        head = outcome["error"][:1200]
+        assert "`import keras_tpu_embed`" in head, head

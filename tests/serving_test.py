@@ -179,3 +179,115 @@ def test_export_refuses_a_model_input_the_preprocessor_lacks(tmp_path):
             str(tmp_path / "e"),
             preprocessor=kte.FeaturePreprocessor([b]),
         )
+
+
+def test_export_without_preprocessor_takes_raw_features(tmp_path):
+    """It wrote a signature of int64 ids (string features too) and no
+    `serve_examples`: a reloaded model, whose preprocessor lived in
+    tf.data, exported for ids a client never has."""
+    _, pre, model = _build(tmp_path)
+    testing.fit_on_raw(model, pre, _feeds())
+    reloaded = str(tmp_path / "m.keras")
+    model.save(reloaded)
+    model = keras.models.load_model(reloaded)
+
+    path = kte.export_saved_model(model, str(tmp_path / "raw"))
+    loaded = tf.saved_model.load(path)
+    serve = loaded.signatures["serving_default"]
+    specs = serve.structured_input_signature[1]
+    assert sorted(specs) == sorted(RAW)
+    assert specs["user"].dtype == tf.string
+    assert specs["tags"].dtype == tf.string
+    want = model(pre(_feeds()), training=False).numpy()
+    np.testing.assert_allclose(serve(**_feeds())["score"], want, atol=1e-6)
+
+    example = tf.train.Example()
+    for key, value in (("user", [b"u3"]), ("tags", [b"a", b"b"])):
+        example.features.feature[key].bytes_list.value.extend(value)
+    example.features.feature["tag_w"].float_list.value.extend([1.0, 2.0])
+    example.features.feature["item"].int64_list.value.append(9)
+    example.features.feature["hist"].int64_list.value.extend([1, 2])
+    by_example = loaded.signatures["serve_examples"](
+        examples=tf.constant([example.SerializeToString()])
+    )["score"]
+    one = {
+        "user": tf.constant([["u3"]]),
+        "tags": tf.constant([["a", "b"]]),
+        "tag_w": tf.constant([[1.0, 2.0]]),
+        "item": tf.constant([[9]], tf.int64),
+        "hist": tf.constant([[1, 2]], tf.int64),
+    }
+    np.testing.assert_allclose(by_example, serve(**one)["score"], atol=1e-6)
+
+
+def _model_with_a_dense_input():
+    item = kte.categorical_column_with_identity("item", 10)
+    pre = kte.FeaturePreprocessor([kte.embedding_column(item, 2)])
+    inputs = dict(pre.keras_inputs(), age=keras.Input((1,), name="age"))
+    layer = kte.TPUEmbeddingLayer(
+        [kte.embedding_column(item, 2)], output="concat"
+    )
+    x = keras.layers.Concatenate()([layer(inputs), inputs["age"]])
+    return keras.Model(inputs, keras.layers.Dense(1, name="score")(x))
+
+
+def test_export_refuses_what_the_columns_cannot_feed(tmp_path):
+    """A model input no embedding column produces (`age`), or a model
+    without embedding layers, cannot be served from raw features by
+    columns alone: the error says what to pass."""
+    with pytest.raises(ValueError, match="'age'.*preprocessor=.*inputs='ids'"):
+        kte.export_saved_model(_model_with_a_dense_input(), str(tmp_path / "a"))
+    inputs = keras.Input((1,), name="x")
+    plain = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+    with pytest.raises(ValueError, match="no embedding layer.*inputs='ids'"):
+        kte.export_saved_model(plain, str(tmp_path / "b"))
+
+
+def test_export_of_ids_is_an_explicit_choice(tmp_path):
+    model = _model_with_a_dense_input()
+    path = kte.export_saved_model(model, str(tmp_path / "ids"), inputs="ids")
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    specs = serve.structured_input_signature[1]
+    assert sorted(specs) == ["age", "item"]
+    assert specs["item"].dtype == tf.int64
+    with pytest.raises(ValueError, match="inputs.*'raw'.*'ids'.*'features'"):
+        kte.export_saved_model(model, str(tmp_path / "x"), inputs="features")
+    layer = next(
+        x for x in model.layers if isinstance(x, kte.TPUEmbeddingLayer)
+    )
+    pre = kte.FeaturePreprocessor(layer.columns)
+    with pytest.raises(ValueError, match="preprocessor=.*inputs='ids'"):
+        kte.export_saved_model(
+            model, str(tmp_path / "y"), preprocessor=pre, inputs="ids"
+        )
+
+
+def test_export_prints_its_signatures_and_output_keys(tmp_path, capsys):
+    _, pre, model = _build(tmp_path)
+    path = kte.export_saved_model(model, str(tmp_path / "e"), pre)
+    printed = capsys.readouterr().out
+    assert path in printed
+    assert "serving_default" in printed and "serve_examples" in printed
+    assert "'score'" in printed
+    assert "user: string" in printed
+    kte.export_saved_model(model, str(tmp_path / "q"), pre, verbose=False)
+    assert capsys.readouterr().out == ""
+
+
+def test_export_of_a_model_holding_its_preprocessor(tmp_path):
+    """Its inputs are raw features already: exported with them."""
+    country = kte.categorical_column_with_vocabulary_list(
+        "country", ["us", "fr"], num_oov_buckets=1
+    )
+    columns = [kte.embedding_column(country, 2)]
+    inputs = {"country": keras.Input((1,), dtype="string", name="country")}
+    ids = kte.FeaturePreprocessor(columns)(inputs)
+    x = kte.TPUEmbeddingLayer(columns, output="concat")(ids)
+    model = keras.Model(inputs, keras.layers.Dense(1, name="score")(x))
+    path = kte.export_saved_model(model, str(tmp_path / "e"))
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    assert serve.structured_input_signature[1]["country"].dtype == tf.string
+    raw = {"country": tf.constant([["fr"], ["xx"]])}
+    np.testing.assert_allclose(
+        serve(**raw)["score"], model(raw, training=False), atol=1e-6
+    )

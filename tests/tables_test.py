@@ -1,5 +1,7 @@
 """Grouping columns into tables; columns sharing one must agree on it."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -41,6 +43,16 @@ def test_a_table_takes_its_columns_shape_and_rules():
     assert (table.vocabulary_size, table.dimension) == (6, 3)
     assert table.initializer is initializer
     assert table.learning_rate_fn is lr
+
+
+def test_columns_with_a_lambda_share_a_table_without_a_warning():
+    """Comparing the columns of a table serialized their learning_rate_fn,
+    and Keras warned that a lambda is unsafe to save: nothing was saved."""
+    item, hist = _shared(learning_rate_fn=lambda step: 0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (table,) = group_into_tables([item, hist])
+    assert table.columns == (item, hist)
 
 
 def test_unshared_columns_may_not_share_a_table():

@@ -9,6 +9,7 @@ reference.
 """
 
 import ast
+import functools
 import pathlib
 
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed
+import keras_tpu_embed as kte
 from tests import testing
 
 PACKAGE = pathlib.Path(keras_tpu_embed.__file__).parent
@@ -24,6 +26,7 @@ TESTS = pathlib.Path(__file__).parent
 CROSS_CUTTING = {
     "benchmarks",  # benchmarks/run.py end to end
     "concurrency",  # a served model under many threads
+    "docs",  # the README's and docs/' python blocks run
     "engine_stand_in",  # the TPU stand-in answers as TensorFlow does
     "examples",  # examples/ scripts
     "install",  # the install extras resolve (pip --dry-run)
@@ -108,6 +111,22 @@ def test_numpy_lookup_is_tf_safe_embedding_lookup(combiner):
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_numpy_lookup_unsafe_is_tf_embedding_lookup_sparse(combiner):
+    """Unsafe: non-positive weights kept, a zero total gives zeros."""
+    table = np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32)
+    batch = [[(1, 2.0), (4, -0.5)], [(2, -1.0), (3, 1.0)], [(5, 0.0)]]
+    ids = tf.ragged.constant(
+        [[i for i, _ in row] for row in batch], dtype=tf.int64
+    )
+    weights = tf.ragged.constant([[w for _, w in row] for row in batch])
+    want = tf.nn.embedding_lookup_sparse(
+        table, ids.to_sparse(), weights.to_sparse(), combiner=combiner
+    )
+    got = testing.numpy_lookup(table, batch, combiner, False, 0)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_numpy_table_gradient_is_tf_autodiff(combiner):
     ids = testing.BATCHES[2]
     upstream = np.random.default_rng(1).normal(size=(3, 2))
@@ -124,3 +143,103 @@ def test_numpy_table_gradient_is_tf_autodiff(combiner):
     want = tf.convert_to_tensor(tape.gradient(loss, table))
     got = testing.numpy_table_gradient(ids, upstream, testing.VOCAB, combiner)
     np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def _tf_kernel_step(name, opt, w, slots, g, lr):
+    """TF's own training kernel on float64 copies; (rows, slots)."""
+    raw = tf.raw_ops
+    var = tf.Variable(w)
+    state = {k: tf.Variable(v) for k, v in slots.items()}
+    c = functools.partial(tf.constant, dtype=tf.float64)
+    if name == "SGD":
+        raw.ResourceApplyGradientDescent(var=var.handle, alpha=c(lr), delta=g)
+    elif name == "Adagrad":
+        raw.ResourceApplyAdagradV2(
+            var=var.handle,
+            accum=state["accumulators"].handle,
+            lr=c(lr),
+            epsilon=c(0.0),
+            grad=g,
+        )
+    elif name == "Adam":
+        # beta powers of 0: TF's bias correction factor is exactly 1, the
+        # engine's Adam has none.
+        raw.ResourceApplyAdam(
+            var=var.handle,
+            m=state["momenta"].handle,
+            v=state["velocities"].handle,
+            beta1_power=c(0.0),
+            beta2_power=c(0.0),
+            lr=c(lr),
+            beta1=c(opt.beta_1),
+            beta2=c(opt.beta_2),
+            epsilon=c(opt.epsilon),
+            grad=g,
+        )
+    else:
+        raw.ResourceApplyFtrlV2(
+            var=var.handle,
+            accum=state["accumulators"].handle,
+            linear=state["linears"].handle,
+            grad=g,
+            lr=c(lr),
+            l1=c(opt.l1_regularization_strength),
+            l2=c(opt.l2_regularization_strength),
+            l2_shrinkage=c(0.0),
+            lr_power=c(opt.learning_rate_power),
+            multiply_linear_by_lr=opt.multiply_linear_by_learning_rate,
+        )
+    return var.numpy(), {k: v.numpy() for k, v in state.items()}
+
+
+# Where the engine's formulas and TF's kernels are the same maths: no
+# weight decay or clipping (TF's kernels have none), Adagrad without
+# epsilon, Adam's epsilon outside the square root, FTRL without beta.
+KERNEL_CASES = {
+    "sgd": kte.optimizers.SGD(0.3),
+    "adagrad": kte.optimizers.Adagrad(0.4, initial_accumulator_value=0.2),
+    "adam": kte.optimizers.Adam(
+        0.1, beta_1=0.8, beta_2=0.95, epsilon=1e-2, sum_inside_sqrt=False
+    ),
+    "ftrl": kte.optimizers.FTRL(
+        0.5,
+        learning_rate_power=-0.7,
+        l1_regularization_strength=0.3,
+        l2_regularization_strength=0.1,
+        initial_accumulator_value=0.2,
+    ),
+    "ftrl_linear_by_lr": kte.optimizers.FTRL(
+        0.5,
+        l1_regularization_strength=0.3,
+        l2_regularization_strength=0.05,
+        multiply_linear_by_learning_rate=True,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(KERNEL_CASES))
+def test_numpy_step_is_tf_training_kernels(case):
+    """The reference of every optimizer test, against TF's own kernels."""
+    opt = KERNEL_CASES[case]
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(5, 3))
+    g = rng.normal(size=w.shape)
+    slots = {
+        s.name: opt.slot_initial_value(s) + rng.uniform(0.1, 1.0, w.shape)
+        for s in opt.SLOTS
+    }
+    if "linears" in slots:  # both signs, some inside the l1 band
+        slots["linears"] = rng.normal(scale=0.5, size=w.shape)
+    want_w, want_slots = _tf_kernel_step(
+        type(opt).__name__, opt, w, slots, g, 0.5
+    )
+    got_slots = {k: v.copy() for k, v in slots.items()}
+    got_w = testing.numpy_step(opt, w, got_slots, g, 0.5)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-10, atol=1e-12)
+    assert sorted(got_slots) == sorted(want_slots)
+    for name, value in want_slots.items():
+        np.testing.assert_allclose(
+            got_slots[name], value, rtol=1e-10, atol=1e-12, err_msg=name
+        )
+    # Not a no-op comparison: the step moved every row.
+    assert not np.isclose(want_w, w).all(axis=1).any()

@@ -70,7 +70,11 @@ def test_lists_convert_column_by_column():
     converted = column_conversion.to_embedding_columns(columns)
     assert [c.name for c in converted] == ["a_embedding", "b_embedding"]
     assert converted[1] is columns[1]
-    with pytest.raises(TypeError):
+    with pytest.raises(
+        TypeError,
+        match="Expected an embedding column .*"
+        "Received: IdentityCategoricalColumn 'a'",
+    ):
         column_conversion.to_embedding_column(
             fc.categorical_column_with_identity("a", 4)
         )

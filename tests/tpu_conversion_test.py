@@ -117,10 +117,12 @@ def test_field_by_field(tmp_path):
     assert callable(tags_rate.learning_rate)
     assert float(tags_rate.learning_rate()) == pytest.approx(0.5 / 4.0)
     assert configs["user_embedding"].table.optimizer.learning_rate == 0.1
-    # The default initializer travels as is.
+    # The default initializer travels wrapped so that a pod's hosts each
+    # get their rows of it (initialization_test.py tests the shards).
+    initializer = configs["user_embedding"].table.initializer
+    assert isinstance(initializer, kte.initialization.EngineInitializer)
     assert isinstance(
-        configs["user_embedding"].table.initializer,
-        keras.initializers.TruncatedNormal,
+        initializer.initializer, keras.initializers.TruncatedNormal
     )
 
 

@@ -111,3 +111,48 @@ def test_missing_vocabulary_without_an_archive_names_the_file(tmp_path):
     pre = keras.saving.deserialize_keras_object(config)
     with pytest.raises(ValueError, match="countries.txt"):
         pre({"country": tf.constant([["us"]])})
+
+
+@pytest.mark.parametrize(
+    "damage", ["shorter", "duplicate", "blank", "empty", "directory"]
+)
+def test_archive_copy_wins_over_an_invalid_original(tmp_path, damage):
+    vocabulary = tmp_path / "countries.txt"
+    vocabulary.write_text("us\nfr\nde\n")
+    model = _raw_model(vocabulary)
+    rows = tf.constant([["us"], ["de"], ["zz"]])
+    want = np.asarray(model({"country": rows}))
+    model.save(tmp_path / "model.keras")
+    if damage == "directory":
+        vocabulary.unlink()
+        vocabulary.mkdir()
+    else:
+        vocabulary.write_text(
+            {
+                "shorter": "us\n",
+                "duplicate": "us\nus\nde\n",
+                "blank": "us\n\nde\n",
+                "empty": "",
+            }[damage]
+        )
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_array_equal(loaded({"country": rows}), want)
+
+
+def test_archive_copy_wins_over_a_relative_path_resolving_elsewhere(
+    tmp_path, monkeypatch
+):
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "countries.txt").write_text("us\nfr\nde\n")
+    monkeypatch.chdir(first)
+    model = _raw_model("countries.txt")
+    rows = tf.constant([["us"], ["de"], ["zz"]])
+    want = np.asarray(model({"country": rows}))
+    model.save(tmp_path / "model.keras")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "countries.txt").write_text("jp\n")
+    monkeypatch.chdir(elsewhere)
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_array_equal(loaded({"country": rows}), want)

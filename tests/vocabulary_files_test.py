@@ -1,6 +1,7 @@
 """Vocabulary files: reading and validating them, and the archive case."""
 
 import pytest
+import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.columns import vocabulary_files
@@ -109,3 +110,25 @@ def test_integer_tokens_equal_as_integers_are_named(tmp_path):
             "f", str(path), dtype="int64"
         )
     assert str(path) in str(error.value)
+
+
+@pytest.mark.parametrize("num_oov_buckets", [0, 1])
+def test_a_file_rewritten_in_place_is_read_again(tmp_path, num_oov_buckets):
+    # TensorFlow shares a file's lookup table by file name, line count and
+    # columns: a rewrite of the same length kept the old mapping.
+    path = tmp_path / "v.txt"
+    path.write_text("a\nb\nc\n")
+
+    def ids():
+        column = kte.embedding_column(
+            kte.categorical_column_with_vocabulary_file(
+                "w", str(path), num_oov_buckets=num_oov_buckets
+            ),
+            2,
+        )
+        pre = kte.FeaturePreprocessor([column])
+        return pre({"w": tf.constant([["a"], ["c"]])})["w"].values.numpy()
+
+    assert ids().tolist() == [0, 2]
+    path.write_text("c\nb\na\n")
+    assert ids().tolist() == [2, 0]

@@ -6,7 +6,8 @@ Feature-column checkpoints are written by TF's own legacy code
 TPUEstimator can run here: its checkpoints are built with the names and
 layout its sources give (see `keras_tpu_embed/warm_start.py`): the table
 as a variable partitioned over the hosts with `fixed_size_partitioner`,
-its rows in "mod" order, and the Adagrad slot `<table>/Adagrad` beside it.
+each row where TF1's own "mod" `embedding_lookup` reads it, and the Adagrad
+slot `<table>/Adagrad` beside it.
 """
 
 import numpy as np
@@ -155,24 +156,62 @@ def test_vocabulary_change_moves_rows_by_token(tmp_path):
 
 def _tpu_estimator_checkpoint(directory, logical, accumulators, num_hosts):
     """A checkpoint laid out as a TPUEstimator run with "mod" sharding
-    writes it: one variable per host (fixed_size_partitioner), host i
-    holding the ids i, i + n, ..., and the Adagrad slot beside it."""
-    order = np.concatenate(
-        [np.arange(h, len(logical), num_hosts) for h in range(num_hosts)]
-    )
+    writes it: the table and its Adagrad slot partitioned over the hosts by
+    `fixed_size_partitioner`, each row where TF1's own "mod" lookup
+    (`tf.compat.v1.nn.embedding_lookup(..., partition_strategy="mod")`)
+    reads it. The rows are placed by asking that lookup, not by the layout
+    `unshard_mod` assumes. What this cannot catch: that TPUEstimator itself
+    shards with `fixed_size_partitioner` and "mod" (its sources say so; no
+    TPUEstimator runs here)."""
     name = "input_layer/item_embedding/embedding_weights"
     with tf.Graph().as_default():
-        for variable_name, values in (
-            (name, logical),
-            (name + "/Adagrad", accumulators),
-        ):
-            V1.get_variable(
-                variable_name,
-                initializer=tf.constant(values[order]),
-                partitioner=V1.fixed_size_partitioner(num_hosts),
+        shards = {
+            variable_name: list(
+                V1.get_variable(
+                    variable_name,
+                    shape=logical.shape,
+                    initializer=V1.zeros_initializer(),
+                    partitioner=V1.fixed_size_partitioner(num_hosts),
+                )
             )
+            for variable_name in (name, name + "/Adagrad")
+        }
+        sizes = [int(shard.shape[0]) for shard in shards[name]]
+        ids = tf.range(len(logical))
+
+        def write(variable_name, stored):
+            parts = np.split(stored, np.cumsum(sizes)[:-1])
+            return [
+                shard.assign(part)
+                for shard, part in zip(shards[variable_name], parts)
+            ]
+
+        def lookup(variable_name):
+            return V1.nn.embedding_lookup(
+                shards[variable_name], ids, partition_strategy="mod"
+            )
+
         with V1.Session() as session:
-            session.run(V1.global_variables_initializer())
+            # Each stored row holds its own position: the lookup of id i
+            # then says which stored row TF's "mod" strategy reads for i.
+            position = np.repeat(
+                np.arange(len(logical), dtype=np.float32)[:, None],
+                logical.shape[1],
+                axis=1,
+            )
+            session.run(write(name, position))
+            reads = session.run(lookup(name))[:, 0].astype(int)
+            assert sorted(reads) == list(range(len(logical)))
+            for variable_name, values in (
+                (name, logical),
+                (name + "/Adagrad", accumulators),
+            ):
+                stored = np.empty_like(values)
+                stored[reads] = values
+                session.run(write(variable_name, stored))
+                np.testing.assert_array_equal(
+                    session.run(lookup(variable_name)), values
+                )
             return V1.train.Saver().save(session, str(directory / "tpu"))
 
 
@@ -268,3 +307,165 @@ def test_slots_of_a_tf1_optimizer_are_loaded(tmp_path):
         layer.slot_variables("item")["accumulators"].numpy(),
         reader.get_tensor(table + "/Adagrad"),
     )
+
+
+def _vocabulary_checkpoint(directory, values):
+    with tf.Graph().as_default():
+        V1.get_variable(
+            "input_layer/w_embedding/embedding_weights",
+            initializer=tf.constant(values),
+        )
+        with V1.Session() as session:
+            session.run(V1.global_variables_initializer())
+            return V1.train.Saver().save(session, str(directory / "v"))
+
+
+def _vocabulary_layer(vocabulary, dimension=3, dtype="string"):
+    column = kte.embedding_column(
+        kte.categorical_column_with_vocabulary_list(
+            "w", vocabulary, dtype=dtype, num_oov_buckets=1
+        ),
+        dimension,
+    )
+    return _layer([column])
+
+
+@pytest.mark.parametrize("num_shards", [-1, 0, 2.7, True, "3"])
+def test_mod_refuses_a_number_of_shards_that_is_not_positive(
+    tmp_path, num_shards
+):
+    logical = np.arange(14 * 2, dtype=np.float32).reshape(14, 2)
+    prefix = _tpu_estimator_checkpoint(tmp_path, logical, logical, 3)
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 14), 2
+    )
+    layer = _layer([column])
+    before = layer.table_variable("item").numpy().copy()
+    with pytest.raises(ValueError, match=r"num_shards.*positive integer"):
+        kte.warm_start(
+            layer, prefix, partition_strategy="mod", num_shards=num_shards
+        )
+    np.testing.assert_array_equal(layer.table_variable("item").numpy(), before)
+
+
+def test_vocabularies_key_that_is_no_table_is_refused(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["a", "b", "c"])
+    before = layer.table_variable("w").numpy().copy()
+    with pytest.raises(ValueError, match=r"vocabularies.*'x'.*\['w'\]"):
+        kte.warm_start(layer, prefix, vocabularies={"x": (["a"], ["a"])})
+    np.testing.assert_array_equal(layer.table_variable("w").numpy(), before)
+
+
+def test_variable_names_key_that_is_no_table_is_refused(tmp_path):
+    prefix, _ = _legacy_checkpoint(tmp_path)
+    layer = _layer()
+    before = layer.table_variable("item").numpy().copy()
+    with pytest.raises(ValueError, match=r"variable_names.*'itme'.*'item'"):
+        kte.warm_start(layer, prefix, variable_names={"itme": "x"})
+    np.testing.assert_array_equal(layer.table_variable("item").numpy(), before)
+
+
+def test_new_vocabulary_must_be_the_columns_own(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["d", "new", "a"])
+    before = layer.table_variable("w").numpy().copy()
+    # Not the column's order: rows would land on other tokens' ids.
+    with pytest.raises(ValueError, match=r"'w'.*column's own vocabulary"):
+        kte.warm_start(
+            layer,
+            prefix,
+            vocabularies={"w": (["a", "b", "c", "d"], ["a", "new", "d"])},
+        )
+    # Longer than the table (was an IndexError).
+    with pytest.raises(ValueError, match=r"'w'.*column's own vocabulary"):
+        kte.warm_start(
+            layer,
+            prefix,
+            vocabularies={
+                "w": (["a", "b", "c", "d"], ["d", "new", "a", "b", "c"])
+            },
+        )
+    np.testing.assert_array_equal(layer.table_variable("w").numpy(), before)
+
+
+def test_vocabularies_without_common_tokens_are_refused(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["x", "y"])
+    before = layer.table_variable("w").numpy().copy()
+    with pytest.raises(ValueError, match=r"'w'.*no token in common"):
+        kte.warm_start(
+            layer, prefix, vocabularies={"w": (["a", "b", "c"], ["x", "y"])}
+        )
+    np.testing.assert_array_equal(layer.table_variable("w").numpy(), before)
+
+
+def test_integer_old_vocabulary_against_string_column_is_refused(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["1", "2"])
+    with pytest.raises(ValueError, match=r"old vocabulary of table 'w'.*int"):
+        kte.warm_start(
+            layer, prefix, vocabularies={"w": ([1, 2, 3], ["1", "2"])}
+        )
+
+
+def test_integer_vocabulary_file_remaps_an_integer_column(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    old_file = tmp_path / "old.txt"
+    old_file.write_text("10\n20\n30\n40\n")
+    layer = _vocabulary_layer([40, 99, 10], dtype="int64")
+    kte.warm_start(
+        layer, prefix, vocabularies={"w": (str(old_file), [40, 99, 10])}
+    )
+    table = layer.table_variable("w").numpy()
+    np.testing.assert_array_equal(table[0], values[3])
+    np.testing.assert_array_equal(table[2], values[0])
+
+
+def test_old_vocabulary_longer_than_the_checkpoint_is_refused(tmp_path):
+    values = np.arange(6, dtype=np.float32).reshape(2, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["c", "a"])
+    with pytest.raises(ValueError, match=r"old vocabulary.*3 tokens.*2 rows"):
+        kte.warm_start(
+            layer, prefix, vocabularies={"w": (["a", "b", "c"], ["c", "a"])}
+        )
+
+
+def test_remap_with_another_dimension_names_both_shapes(tmp_path):
+    values = np.arange(12, dtype=np.float32).reshape(4, 3)
+    prefix = _vocabulary_checkpoint(tmp_path, values)
+    layer = _vocabulary_layer(["d", "a"], dimension=5)
+    with pytest.raises(ValueError, match=r"w_embedding.*\[4, 3\].*\[3, 5\]"):
+        kte.warm_start(
+            layer,
+            prefix,
+            vocabularies={"w": (["a", "b", "c", "d"], ["d", "a"])},
+        )
+
+
+def test_a_failing_table_leaves_every_table_unchanged(tmp_path):
+    prefix, _ = _legacy_checkpoint(tmp_path)
+    item = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 6), 3
+    )
+    # The checkpoint's shared table has dimension 2.
+    shared = kte.shared_embedding_columns(
+        [
+            kte.categorical_column_with_identity("s1", 5),
+            kte.categorical_column_with_identity("s2", 5),
+        ],
+        4,
+        shared_embedding_collection_name="s_shared",
+    )
+    layer = _layer([item] + shared)
+    assert [t.name for t in layer.table_specs] == ["item", "s_shared"]
+    before = layer.table_variable("item").numpy().copy()
+    with pytest.raises(ValueError, match="s_shared"):
+        kte.warm_start(layer, prefix)
+    np.testing.assert_array_equal(layer.table_variable("item").numpy(), before)

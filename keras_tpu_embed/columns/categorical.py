@@ -220,7 +220,7 @@ class VocabularyFileColumn(CategoricalColumn):
         check_vocabulary_dtype(self.key, self.dtype)
         check_file_format(self.key, self.vocabulary_file, self.file_format)
         if self.vocabulary_size is not None and supplied_by_archive(
-            self.vocabulary_file
+            self.vocabulary_file, self.key, self.dtype, self.vocabulary_size
         ):
             return  # the archive's copy replaces the file (load_assets)
         tokens = read_vocabulary_file(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from typing import Any
 
 from keras_tpu_embed._compat import keras
@@ -34,6 +35,17 @@ def _serialize_callable(value: Any) -> Any:
     if value is None:
         return None
     return keras.saving.serialize_keras_object(value)
+
+
+def _callable_signature(value: Any) -> Any:
+    """`_serialize_callable` for comparing two columns' functions: that
+    saves nothing, so Keras' warning that a lambda is unsafe to save would
+    be noise (it still warns when a model holding one is saved)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="The object being serialized includes a `lambda`"
+        )
+        return _serialize_callable(value)
 
 
 def _deserialize_callable(value: Any) -> Any:
@@ -109,6 +121,13 @@ class _EmbeddingSpec:
                     f"`max_norm` of column '{column.name}' must be > 0 (or "
                     f"None for no clipping). Received: max_norm={self.max_norm}"
                 )
+            if not math.isfinite(self.max_norm):
+                # clip_by_norm computes `rows * max_norm / norm`: NaN or inf.
+                raise ValueError(
+                    f"`max_norm` of column '{column.name}' must be finite; "
+                    "pass max_norm=None for no clipping. Received: "
+                    f"max_norm={self.max_norm}"
+                )
             object.__setattr__(self, "max_norm", float(self.max_norm))
         _check_checkpoint_pair(
             column.name, self.ckpt_to_load_from, self.tensor_name_in_ckpt
@@ -171,8 +190,8 @@ class _EmbeddingSpec:
         return {
             "vocabulary_size": self.vocabulary_size,
             "dimension": self.dimension,
-            "initializer": _serialize_callable(self.initializer),
-            "learning_rate_fn": _serialize_callable(self.learning_rate_fn),
+            "initializer": _callable_signature(self.initializer),
+            "learning_rate_fn": _callable_signature(self.learning_rate_fn),
             "trainable": self.trainable,
             "max_norm": self.max_norm,
             "ckpt_to_load_from": self.ckpt_to_load_from,

@@ -36,9 +36,22 @@ def vocabulary_files_from_archive() -> Iterator[None]:
         _FROM_ARCHIVE.reset(token)
 
 
-def supplied_by_archive(path: str) -> bool:
-    """Whether a missing `path` will come from the archive being loaded."""
-    return _FROM_ARCHIVE.get() and not os.path.exists(path)
+def supplied_by_archive(
+    path: str, key: str = "", dtype: str = "string", size: int = 1
+) -> bool:
+    """Whether `path` will come from the archive being loaded: inside
+    `vocabulary_files_from_archive()`, a file that is missing, or is no
+    valid vocabulary of `size` lines (shorter, damaged, a directory, or a
+    relative path now resolving elsewhere). The archive's copy replaces it
+    in `load_assets`; outside an archive load, the preprocessor reads the
+    file again when first called and names what is wrong with it.
+    """
+    if not _FROM_ARCHIVE.get():
+        return False
+    try:
+        return len(read_vocabulary_file(path, key, dtype)) < size
+    except ValueError:
+        return True
 
 
 def check_vocabulary_dtype(key: str, dtype: str) -> None:

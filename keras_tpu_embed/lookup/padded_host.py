@@ -93,7 +93,30 @@ class PaddedHostLookup:
 
     def _column(self, variable: Any, column: Any, compiled: bool) -> Tensor:
         if _is_dense(self._features[column.feature_key]):
-            return self._dense_column(variable, column, compiled)
+            if column.is_sequence:
+                return self._dense_column(variable, column, compiled)
+            # Padded as sent, a mostly -1 batch ([512, 10000]) gathers
+            # every cell: gigabytes. Compacted like sparse ids unless the
+            # batch as sent is within the padding limit.
+            return tf.cond(
+                self._dense_fits(column),
+                lambda: self._dense_column(variable, column, compiled),
+                lambda: self._compacted_column(variable, column, compiled),
+            )
+        return self._compacted_column(variable, column, compiled)
+
+    def _dense_fits(self, column: Any) -> Tensor:
+        """Whether dense ids padded as sent are within `PADDING_LIMIT`."""
+        ids = _as_matrix(self._features[column.feature_key])
+        shape = tf.shape(ids, out_type=tf.int64)
+        entries = tf.size(self._batches[column.name].ids, out_type=tf.int64)
+        return bucket(shape[0]) * bucket(
+            shape[1]
+        ) <= PADDING_LIMIT * tf.maximum(entries, shape[0])
+
+    def _compacted_column(
+        self, variable: Any, column: Any, compiled: bool
+    ) -> Tensor:
         table = self.table
         batch = self._batches[column.name]
         ids = _valid_ids(batch.ids, table, column, keep_padding=False)

@@ -42,6 +42,7 @@ from keras_tpu_embed.testing.emulated_chip import EmulatedChip
 from tensorflow.core.framework import attr_value_pb2  # isort: skip
 from tensorflow.python.distribute import mirrored_strategy  # isort: skip
 from tensorflow.python.distribute import tpu_strategy  # isort: skip
+from tensorflow.python.distribute import tpu_util  # isort: skip
 from tensorflow.python.framework import ops  # isort: skip
 from tensorflow.python.ops import control_flow_ops  # isort: skip
 from tensorflow.python.tpu import tpu_replication  # isort: skip
@@ -134,6 +135,30 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
     @property
     def num_hosts(self) -> int:
         return self._emulated_num_hosts
+
+    @property
+    def _host_device(self) -> str:
+        return "/job:localhost/replica:0/task:0/device:CPU:0"
+
+    # TF's own: `_reduce_to` below hands it its output.
+    _broadcast_output = tpu_strategy.TPUExtended._broadcast_output
+
+    def _reduce_to(
+        self, reduce_op: Any, value: Any, destinations: Any, options: Any
+    ) -> Any:
+        """Outside the step, TF's own TPU reduce.
+
+        Keras' first-batch build (`_maybe_symbolic_build`) and its metric
+        reductions then meet the code they meet on a TPU, which, unlike the
+        mirrored reduce, cannot average int64 per-replica values. Inside the
+        step the chip's `cross_replica_sum` has no CPU kernel; the mirrored
+        all-reduce computes the same sum.
+        """
+        if tpu_util.enclosing_tpu_context() is None:
+            return tpu_strategy.TPUExtended._reduce_to(
+                self, reduce_op, value, destinations, options
+            )
+        return super()._reduce_to(reduce_op, value, destinations, options)
 
     @property
     def num_replicas_per_host(self) -> int:
