@@ -105,3 +105,28 @@ def test_engine_builds_with_a_users_raw_tf_optimizer():
             "their_table": "adagrad",
             "user": "stochastic_gradient_descent",
         }
+
+
+def test_dense_ids_wider_than_one_are_refused_with_the_fix():
+    """TF's enqueue takes dense ids as one id per example only."""
+    user = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20), 4
+    )
+    ids = np.arange(16, dtype=np.int64).reshape(8, 2) % 20
+    data = tf.data.Dataset.from_tensor_slices(({"user": ids}, np.ones((8, 1))))
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        with strategy.scope():
+            inputs = {"user": keras.Input((2,), dtype="int64", name="user")}
+            outputs = kte.TPUEmbeddingLayer([user], name="embed")(inputs)
+            model = keras.Model(
+                inputs, keras.layers.Dense(1)(outputs["user_embedding"])
+            )
+            model.compile(optimizer="sgd", loss="mse")
+        with pytest.raises(ValueError) as error:
+            model.fit(kte.distribute_dataset(strategy, data, 4), verbose=0)
+    message = str(error.value)
+    assert "Feature 'user_embedding' reaches the TPU embedding engine" in (
+        message
+    )
+    assert "(2, 2)" in message
+    assert "kte.FeaturePreprocessor" in message
