@@ -12,6 +12,11 @@ import tensorflow as tf  # noqa: E402
 
 import keras_tpu_embed as kte  # noqa: E402
 
+# tests/emulated splits the CPU into logical devices, which only works
+# before TensorFlow starts: tests/emulated_tpu_test.py runs it in a process
+# of its own (`pytest tests/emulated`, named explicitly, is still collected).
+collect_ignore = ["tests/emulated"]
+
 # The test files that start processes, train to convergence or export many
 # SavedModels, costliest first: over 90% of the suite's time (seconds of
 # `pytest --durations=0` on 2 shared cores, 2026-11-24, in comments). Every
@@ -22,6 +27,7 @@ SLOW_FILES = (
     "benchmarks_test.py",  # 130, one module fixture
     "quantization_test.py",  # 97
     "notebooks_test.py",  # 52
+    "emulated_tpu_test.py",  # 45, one subprocess: tests/emulated
     "install_test.py",  # 40
     "save_paths_test.py",  # 38
     "legacy_reference_test.py",  # 36, one module fixture

@@ -24,6 +24,11 @@ traceback) or SKIP (with the reason):
 - serve: the SavedModel on raw features against the TPU model's predictions
   on the same examples (float32 matmul precision on both sides).
 
+Without a TPU, `--emulate V1` (or `UNSUPPORTED`, a TPU without an engine)
+runs the same stages under `kte.testing.emulated_tpu` on 2 logical CPU
+devices (`--replicas`): TF's own mid-level code, only the chip emulated.
+That is a rehearsal, not the TPU report.
+
 The last line is `SMOKE PASS`, `SMOKE FAIL at <stage>` or `SMOKE SKIP:
 <reason>`, and a JSON summary is written to `<output-dir>/smoke_summary.json`.
 A TPU whose hardware this package does not drive with the engine (SparseCore
@@ -520,12 +525,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--global-batch-size", type=int, default=1024)
     parser.add_argument("--num-examples", type=int, default=50_000)
     parser.add_argument("--output-dir", default=None)
+    parser.add_argument(
+        "--emulate",
+        choices=("V1", "UNSUPPORTED"),
+        default=None,
+        help="no TPU: run under kte.testing.emulated_tpu with this "
+        "embedding_feature (in a fresh process)",
+    )
+    parser.add_argument(
+        "--replicas", type=int, default=2, help="replicas of --emulate"
+    )
     args = parser.parse_args(argv)
     # A failure must show the whole traceback, Keras frames included.
     keras.config.disable_traceback_filtering()
     output_dir = args.output_dir or tempfile.mkdtemp(prefix="kte_tpu_smoke_")
     os.makedirs(output_dir, exist_ok=True)
     report = Report()
+    if args.emulate:
+        return _emulated(args, output_dir, report)
     strategy = None
     try:
         strategy = connect(args.tpu)
@@ -542,6 +559,27 @@ def main(argv: list[str] | None = None) -> int:
     else:
         run(
             strategy,
+            output_dir,
+            steps=args.steps,
+            epochs=args.epochs,
+            global_batch_size=args.global_batch_size,
+            num_examples=args.num_examples,
+            report=report,
+        )
+    print(f"Summary: {os.path.join(output_dir, 'smoke_summary.json')}")
+    return {"PASS": 0, "FAIL": 1, "SKIP": 2}[report.result]
+
+
+def _emulated(args: argparse.Namespace, output_dir: str, report: Report) -> int:
+    """The stages under `emulated_tpu`, in place of a TPU."""
+    from keras_tpu_embed.testing import emulated_tpu
+
+    with emulated_tpu(args.replicas, embedding_feature=args.emulate) as tpu:
+        report.environment = environment(tpu)
+        report.environment["emulated"] = args.emulate
+        print_environment(report.environment)
+        run(
+            tpu,
             output_dir,
             steps=args.steps,
             epochs=args.epochs,

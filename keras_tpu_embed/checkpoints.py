@@ -15,7 +15,10 @@ checkpoint written on TPU restores on CPU and the other way round.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+from typing import Callable
+from typing import NamedTuple
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
@@ -130,6 +133,66 @@ def engine_checkpoint(model_or_layers: Any) -> Any:
 _KEY_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 
 
+class _NamedTable(NamedTuple):
+    """A table or slot as `restore_tables` and `validate_tables` see it."""
+
+    name: str
+    shape: list[int]
+    read: Callable[[], Any]
+
+
+def _named_tables(view: Any) -> list[_NamedTable]:
+    """Every table and slot of an `engine_checkpoint` result.
+
+    That is an `EngineCheckpointView`, or the engine's own mid-level object
+    when the engine holds every table: then the names and shapes come from
+    its table configs (known before its tables exist), and the values from
+    the chip.
+    """
+    if isinstance(view, EngineCheckpointView):
+        return [
+            _NamedTable(
+                name,
+                list(variable.shape),
+                functools.partial(tf.convert_to_tensor, variable),
+            )
+            for name, variable in view.named_variables()
+        ]
+    tables = []
+    # The mid-level object has no public view of its tables under a
+    # TPUStrategy (`embedding_tables` raises there).
+    for table in view._table_config:
+        shape = [table.vocabulary_size, table.dim]
+        slots = ["parameters"] + list(table.optimizer._slot_names())
+        for slot in slots:
+            name = (
+                table.name if slot == "parameters" else f"{table.name}/{slot}"
+            )
+            tables.append(
+                _NamedTable(
+                    name,
+                    shape,
+                    functools.partial(_engine_value, view, table.name, slot),
+                )
+            )
+    return tables
+
+
+def _engine_value(mid_level: Any, table: str, slot: str) -> Any:
+    """A table or slot as it is on the TPU, gathered from every host."""
+    if not mid_level._built:
+        raise ValueError(
+            "The TPU embedding engine builds its tables at the first step; "
+            "run one step (model.fit, evaluate or predict) before reading "
+            "them."
+        )
+    # The host copies are stale between checkpoint saves: TF refreshes them
+    # from the TPU the same way before each save.
+    mid_level._retrieve_variables()
+    shards = mid_level._variables[table][slot].variables
+    return tf.concat([tf.convert_to_tensor(shard) for shard in shards], 0)
+
+
 def restore_tables(
     model_or_layers: Any, path: str, prefix: str = "embedding"
 ) -> None:
@@ -144,6 +207,10 @@ def restore_tables(
             checkpoint (renamed, or never saved), has another shape there,
             or the checkpoint is truncated or corrupt. The message names the
             table, the shapes, and the file.
+
+    On the TPU embedding engine the tables are restored onto the TPU, also
+    from a checkpoint written on CPU; before the engine's first step, TF
+    builds them from the checkpoint at that step.
     """
     view = engine_checkpoint(model_or_layers)
     try:
@@ -151,14 +218,14 @@ def restore_tables(
     except LOAD_ERRORS as error:
         raise damaged_file_error(path, error) from error
     problems = []
-    for name, variable in view.named_variables():
+    for name, shape, _ in _named_tables(view):
         key = f"{prefix}/{name.replace('/', '.S')}{_KEY_SUFFIX}"
         if key not in saved:
             problems.append(f"table '{name}' is missing")
-        elif list(saved[key]) != list(variable.shape):
+        elif list(saved[key]) != shape:
             problems.append(
                 f"table '{name}' has shape {list(saved[key])} in the "
-                f"checkpoint but {list(variable.shape)} in the model"
+                f"checkpoint but {shape} in the model"
             )
     if problems:
         found = sorted(
@@ -185,19 +252,29 @@ def restore_tables(
             f"Cannot restore the embedding tables from {path}: {error}"
         ) from error
     status.expect_partial()
+    if not isinstance(view, EngineCheckpointView) and view._built:
+        # TF loads restored tables onto the TPU in a hook that runs only for
+        # checkpoints written from a mid-level object; one written on CPU
+        # (engine_checkpoint of a CPU model) would stay in the host copies.
+        view._load_variables()
 
 
 def validate_tables(model_or_layer: Any) -> dict[str, list[int]]:
     """Rows holding NaN or inf, per table and per slot (`<table>/<slot>`).
 
     Only tables and slots that have such rows are listed: a NaN in an
-    optimizer slot turns its row NaN at the row's next update.
+    optimizer slot turns its row NaN at the row's next update. Tables on the
+    TPU embedding engine are read from the TPU (after its first step).
 
     Args:
         model_or_layer: A model, an embedding layer, or a list of them.
 
     Returns:
         `{name: [row, ...]}` for each table or slot with non-finite rows.
+
+    Raises:
+        ValueError: the tables are on the TPU embedding engine, which has
+            not run its first step (its tables do not exist yet).
 
     Example:
 
@@ -212,8 +289,8 @@ def validate_tables(model_or_layer: Any) -> dict[str, list[int]]:
     """
     view = engine_checkpoint(model_or_layer)
     report = {}
-    for name, variable in view.named_variables():
-        values = tf.convert_to_tensor(variable)
+    for name, _, read in _named_tables(view):
+        values = read()
         bad = tf.where(
             tf.reduce_any(tf.logical_not(tf.math.is_finite(values)), axis=1)
         )

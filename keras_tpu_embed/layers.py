@@ -15,6 +15,8 @@ from typing import Any
 from typing import Iterator
 from typing import Sequence
 
+import numpy as np
+
 from keras_tpu_embed import loading
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import keras
@@ -413,13 +415,71 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return cls(**config)
 
     def save_own_variables(self, store: Any) -> None:
-        """Stores tables and slots by name (`loading.save_layer_variables`)."""
+        """Stores tables and slots by name (`loading.save_layer_variables`).
+
+        Tables on the TPU embedding engine are read from the TPU and stored
+        under the same names as a layer that holds them itself, so the file
+        loads into the model on CPU as well.
+        """
         loading.save_layer_variables(self, store)
+        engine_keys = self._engine_keys()
+        if engine_keys and self._engine is not None:
+            values = self._engine.read_tables(self._engine_table_names())
+            for key, table_slot in engine_keys.items():
+                store[key] = values[table_slot]
 
     def load_own_variables(self, store: Any) -> None:
-        """By name, or by position for files stored so; see `loading`."""
-        if not loading.load_layer_variables(self, store):
-            super().load_own_variables(store)
+        """By name, or by position for files stored so; see `loading`.
+
+        Tables on the TPU embedding engine are loaded onto the TPU (at the
+        engine's first step when TF has not created them yet).
+        """
+        engine_keys = self._engine_keys()
+        keys = [str(key) for key in store.keys()]
+        if not engine_keys or all(key.isdigit() for key in keys):
+            if not loading.load_layer_variables(self, store):
+                super().load_own_variables(store)
+            return
+        missing = sorted(set(engine_keys) - set(keys))
+        if missing:
+            raise ValueError(
+                f"Cannot load the weights of {type(self).__name__} "
+                f"'{self.name}': the file has no {missing}, which the TPU "
+                f"embedding engine holds for it. The file holds {keys}. Load "
+                "a file saved from a model with the same columns."
+            )
+        own = {key: store[key] for key in keys if key not in engine_keys}
+        loading.load_layer_variables(self, own)
+        assert self._engine is not None
+        self._engine.write_tables(
+            {
+                table_slot: np.asarray(store[key])
+                for key, table_slot in engine_keys.items()
+            }
+        )
+
+    def _engine_table_names(self) -> list[str]:
+        return [
+            table.name
+            for table in self.table_specs
+            if self._training_devices.get(table.name)
+            is LookupDevice.TPU_EMBEDDING_CORE
+        ]
+
+    def _engine_keys(self) -> dict[str, tuple[str, str]]:
+        """File key -> (table, slot) of this layer's engine tables.
+
+        The keys of `loading.save_layer_variables`: `<table>` for the table,
+        `<table>.S<slot>` for a slot.
+        """
+        if self._engine is None:
+            return {}
+        keys = {}
+        for table in self._engine_table_names():
+            for slot in self._engine.table_slots(table):
+                key = table if slot == "parameters" else f"{table}.S{slot}"
+                keys[key] = (table, slot)
+        return keys
 
     def save_assets(self, dir_path: str) -> None:
         """Copies the columns' vocabulary files into a `.keras` archive."""

@@ -36,7 +36,16 @@ def test_dense_sequence_ids_are_refused():
     dense = {"hist": tf.zeros([4, 3], tf.int64)}
     with pytest.raises(ValueError, match="Sequence feature 'hist'"):
         engine_checks.check_enqueue_inputs(dense, {"hist"})
-    engine_checks.check_enqueue_inputs(dense, set())
+    engine_checks.check_enqueue_inputs({"hist": tf.zeros([4, 1])}, set())
+    engine_checks.check_enqueue_inputs({"hist": tf.zeros([4])}, set())
+
+
+def test_dense_ids_wider_than_one_are_refused():
+    # TF's enqueue refuses them too, naming no fix (tests/emulated runs it).
+    with pytest.raises(ValueError, match=r"'hist' .* shape \(4, 3\)"):
+        engine_checks.check_enqueue_inputs(
+            {"hist": tf.zeros([4, 3], tf.int64)}, set()
+        )
 
 
 def test_batch_size_is_fixed_by_the_first_step():

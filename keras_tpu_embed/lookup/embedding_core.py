@@ -123,6 +123,9 @@ class SharedEngine:
         self._step_count = 0
         # The per-replica batch TF fixes at the first enqueue.
         self._batch_size: int | None = None
+        # Values loaded (`write_tables`) before TF created the tables: they
+        # go onto the TPU at the first enqueue, which creates them.
+        self._pending: dict[tuple[str, str], Any] = {}
 
     @property
     def mid_level(self) -> Any:
@@ -257,6 +260,83 @@ class SharedEngine:
             pipeline_execution_with_tensor_core=self._pipeline,
         )
         return EngineTables(self, member)
+
+    # -------------------------------------------------------------- tables
+
+    def table_slots(self, table: str) -> dict[str, list[int]]:
+        """`{"parameters": shape, <slot>: shape, ...}` of an engine table.
+
+        Known from the configs, before TF creates the tables.
+        """
+        for config in self._mid_level._table_config:
+            if config.name == table:
+                shape = [config.vocabulary_size, config.dim]
+                slots = ["parameters", *config.optimizer._slot_names()]
+                return {slot: shape for slot in slots}
+        raise KeyError(
+            f"No table '{table}' on the TPU embedding engine. Its tables: "
+            f"{sorted(c.name for c in self._mid_level._table_config)}."
+        )
+
+    def read_tables(self, tables: Sequence[str]) -> dict[tuple[str, str], Any]:
+        """`{(table, slot): numpy array}`: the values on the TPU now.
+
+        Raises:
+            RuntimeError: TF has not created the tables yet (they are
+                created at the engine's first step) and none were loaded.
+        """
+        keys = [(t, slot) for t in tables for slot in self.table_slots(t)]
+        mid_level = self._mid_level
+        if not mid_level._built:
+            if all(key in self._pending for key in keys):
+                return {key: self._pending[key] for key in keys}
+            raise RuntimeError(
+                "The TPU embedding engine creates its tables at the first "
+                f"step, so the tables {list(tables)} of layers "
+                f"{self.layer_names} do not exist yet: run one step "
+                "(model.fit, evaluate or predict) before saving."
+            )
+        # Under a TPUStrategy the host copies are stale until TF retrieves
+        # them from the TPU, as it does before a checkpoint save.
+        mid_level._retrieve_variables()
+        return {
+            (table, slot): tf.concat(
+                [
+                    tf.convert_to_tensor(shard)
+                    for shard in mid_level._variables[table][slot].variables
+                ],
+                0,
+            ).numpy()
+            for table, slot in keys
+        }
+
+    def write_tables(self, values: dict[tuple[str, str], Any]) -> None:
+        """Puts `{(table, slot): array}` onto the TPU (or at its creation)."""
+        for (table, slot), value in values.items():
+            expected = self.table_slots(table).get(slot)
+            if expected is None or list(value.shape) != expected:
+                raise ValueError(
+                    f"Cannot load '{table}' slot '{slot}' of shape "
+                    f"{list(value.shape)} into the TPU embedding engine, "
+                    f"whose table '{table}' has "
+                    f"{self.table_slots(table)} (slot: shape)."
+                )
+        self._pending.update(values)
+        if self._mid_level._built:
+            self._load_pending()
+
+    def _load_pending(self) -> None:
+        mid_level = self._mid_level
+        mid_level._retrieve_variables()
+        for (table, slot), value in self._pending.items():
+            variable = mid_level._variables[table][slot]
+            start = 0
+            for shard in variable.variables:
+                rows = int(shard.shape[0])
+                shard.assign(value[start : start + rows])
+                start += rows
+        self._pending = {}
+        mid_level._load_variables()
 
     # ---------------------------------------------------------------- step
 
@@ -405,6 +485,11 @@ class SharedEngine:
     def _enqueue(self, features: Any, weights: Any, name: str) -> None:
         try:
             self._mid_level.enqueue(features, weights, training=True, name=name)
+            if self._pending and self._mid_level._built:
+                # The enqueue created the tables (eagerly, in TF's init
+                # scope): the values loaded before go onto the TPU now.
+                with tf.init_scope():
+                    self._load_pending()
         except RuntimeError as error:
             if "already initialized for embeddings" not in str(error):
                 raise

@@ -58,9 +58,28 @@ def check_enqueue_inputs(
     the output from the input shape
     (`TPUEmbedding._get_output_shapes_from_input_shapes`): a dense
     sequence feature would come back combined, `[batch, dim]`, not
-    `[batch, max_sequence_length, dim]`.
+    `[batch, max_sequence_length, dim]`. Wider dense ids, `[batch, n]`
+    with n > 1, TF refuses with a message that names no fix.
     """
     for feature, value in features.items():
+        shape = value.shape if isinstance(value, tf.Tensor) else None
+        if (
+            shape is not None
+            and feature not in sequence_features
+            and shape.rank is not None
+            and shape.rank >= 2
+            and shape[-1] != 1
+        ):
+            raise ValueError(
+                f"Feature '{feature}' reaches the TPU embedding engine as "
+                f"dense ids of shape {shape}. The engine reads dense ids as "
+                "one id per example ([batch] or [batch, 1]); feed several "
+                "ids per example as a tf.SparseTensor or tf.RaggedTensor: "
+                "kte.distribute_dataset(strategy, dataset, "
+                "global_batch_size, preprocessor=kte.FeaturePreprocessor("
+                "columns)) turns the raw features into sparse ids on the "
+                "host."
+            )
         if isinstance(value, tf.Tensor) and feature in sequence_features:
             raise ValueError(
                 f"Sequence feature '{feature}' reaches the TPU embedding "

@@ -173,7 +173,21 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
             args, kwargs = tf.nest.map_structure(
                 _mark_direct_input, (args, kwargs), expand_composites=True
             )
-            return fn(*args, **kwargs)
+            if tf.executing_eagerly():
+                return fn(*args, **kwargs)
+            # A TPU program starts once all its inputs exist: when the input
+            # iterator is exhausted, none of its ops runs. In a CPU graph an
+            # op that does not read the inputs (a counter's assign_add)
+            # would run anyway, so every op waits for the inputs here.
+            inputs = [
+                value
+                for value in tf.nest.flatten(
+                    (args, kwargs), expand_composites=True
+                )
+                if isinstance(value, tf.Tensor)
+            ]
+            with tf.control_dependencies(inputs):
+                return fn(*args, **kwargs)
 
         graph = ops.get_default_graph()
         if tf.executing_eagerly():

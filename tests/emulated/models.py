@@ -1,0 +1,142 @@
+"""One small model, trained under `emulated_tpu` and on one device.
+
+The same global batches go to both: `kte.distribute_dataset` splits each
+global batch of `GLOBAL_BATCH` rows between the replicas, and one device
+(no strategy) sees the whole batch. Ids are dense int64 (see
+`distributed_input_test.py` for sparse and ragged inputs).
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+from keras_tpu_embed.testing import emulated_tpu
+
+GLOBAL_BATCH = 8
+ROWS = 32
+SEED = 1
+
+OPTIMIZERS = {
+    "sgd": lambda: kte.optimizers.SGD(0.1),
+    "adagrad": lambda: kte.optimizers.Adagrad(0.1),
+    # Adam divides by sqrt(v): where a row's gradients nearly cancel, the
+    # replicas' float32 summation order shows at lr * 1e-4; a small rate
+    # keeps that under the 1e-5 tolerance.
+    "adam": lambda: kte.optimizers.Adam(0.01),
+    "ftrl": lambda: kte.optimizers.FTRL(0.2, l1_regularization_strength=0.01),
+}
+
+
+def build(optimizer):
+    """Two tables and a dense head; one id per example.
+
+    On a TPU without an engine ("UNSUPPORTED") the tables fall back to the
+    tensor core, which needs `tensor_core_shape`.
+
+    TF's enqueue refuses dense ids of width > 1 (it reduces the last
+    dimension only when it is 1), so multivalent ids are not used here.
+    """
+    user = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20),
+        4,
+        combiner="sum",
+        tensor_core_shape=(None, 1),
+    )
+    item = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 15),
+        3,
+        combiner="mean",
+        tensor_core_shape=(None, 1),
+    )
+    inputs = {
+        "user": keras.Input((1,), dtype="int64", name="user"),
+        "item": keras.Input((1,), dtype="int64", name="item"),
+    }
+    embedded = kte.TPUEmbeddingLayer(
+        [user, item],
+        config=kte.EmbeddingConfig(optimizer=optimizer),
+        name="embed",
+    )(inputs)
+    joined = keras.layers.Concatenate()(
+        [embedded["user_embedding"], embedded["item_embedding"]]
+    )
+    output = keras.layers.Dense(1, name="head")(joined)
+    model = keras.Model(inputs, output)
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def dataset(rows=ROWS, seed=0):
+    rng = np.random.default_rng(seed)
+    features = {
+        "user": rng.integers(0, 20, (rows, 1)).astype(np.int64),
+        "item": rng.integers(0, 15, (rows, 1)).astype(np.int64),
+    }
+    labels = rng.normal(size=(rows, 1)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((features, labels))
+
+
+def one_device(optimizer_name, epochs=2):
+    """The reference: the model trained with no strategy."""
+    keras.utils.set_random_seed(SEED)
+    model = build(OPTIMIZERS[optimizer_name]())
+    model.fit(batches(tf.distribute.get_strategy()), epochs=epochs, verbose=0)
+    return model
+
+
+def batches(strategy):
+    return kte.distribute_dataset(strategy, dataset(), GLOBAL_BATCH)
+
+
+def build_emulated(strategy, optimizer_name):
+    keras.utils.set_random_seed(SEED)
+    with strategy.scope():
+        return build(OPTIMIZERS[optimizer_name]())
+
+
+def engine_values(model):
+    """Every engine table and slot, `<table>` and `<table>/<slot>`.
+
+    Read from TF's mid-level object after its own retrieve (what a
+    checkpoint save does first): its host variables are stale otherwise.
+    """
+    mid_level = model.get_layer("embed").engine.mid_level
+    mid_level._retrieve_variables()
+    values = {}
+    for table, variables in mid_level._variables.items():
+        for slot, variable in variables.items():
+            name = table if slot == "parameters" else f"{table}/{slot}"
+            values[name] = np.concatenate(
+                [shard.numpy() for shard in variable.variables]
+            )
+    return values
+
+
+def table_values(model):
+    """The tables and slots wherever they are: the engine or the layer."""
+    if model.get_layer("embed").engine is not None:
+        return engine_values(model)
+    return local_values(model)
+
+
+def local_values(model):
+    """Every table and slot of a model that holds its tables itself."""
+    layer = model.get_layer("embed")
+    values = {}
+    for spec in layer.local_table_specs:
+        values[spec.name] = layer.table_variable(spec.name).numpy()
+        for slot, variable in layer.slot_variables(spec.name).items():
+            values[f"{spec.name}/{slot}"] = variable.numpy()
+    return values
+
+
+def assert_values_equal(actual, expected, atol=1e-5):
+    assert sorted(actual) == sorted(expected)
+    for name in expected:
+        np.testing.assert_allclose(
+            actual[name], expected[name], atol=atol, rtol=0, err_msg=name
+        )
+
+
+__all__ = ["emulated_tpu"]

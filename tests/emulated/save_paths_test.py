@@ -1,0 +1,179 @@
+"""Finding 3: Keras' save paths carry the TPU engine's tables.
+
+`model.save_weights`, `.keras` and `ModelCheckpoint` of a model whose
+tables are on the TPU embedding engine used to write the layer's step and
+trigger only: the tables and slots were silently left out. They are now
+stored under the names a CPU model uses (`<table>`, `<table>.S<slot>`),
+read from the TPU, and loading puts them back onto the TPU, so weights move
+between the engine and CPU both ways.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+from keras_tpu_embed.testing import emulated_tpu
+from tests.emulated import models
+
+
+def _trained(strategy, steps=3):
+    model = models.build_emulated(strategy, "adam")
+    model.fit(models.batches(strategy), steps_per_epoch=steps, verbose=0)
+    return model
+
+
+def _cpu_model(seed=9):
+    keras.utils.set_random_seed(seed)
+    return models.build(models.OPTIMIZERS["adam"]())
+
+
+def test_save_weights_carries_the_engine_tables_to_cpu(tmp_path):
+    path = str(tmp_path / "engine.weights.h5")
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        model = _trained(strategy)
+        expected = models.engine_values(model)
+        model.save_weights(path)
+    cpu = _cpu_model()
+    cpu.load_weights(path)
+    models.assert_values_equal(models.local_values(cpu), expected)
+    assert int(cpu.get_layer("embed").embedding_step.numpy()) == 3
+
+
+@pytest.mark.parametrize("steps_first", [0, 1])
+def test_load_weights_puts_cpu_tables_onto_the_engine(tmp_path, steps_first):
+    path = str(tmp_path / "cpu.weights.h5")
+    cpu = models.one_device("adam", epochs=1)
+    expected = models.local_values(cpu)
+    cpu.save_weights(path)
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        model = models.build_emulated(strategy, "adam")
+        if steps_first:
+            model.fit(models.batches(strategy), steps_per_epoch=1, verbose=0)
+        model.load_weights(path)
+        # Before the first step the tables do not exist yet: they are
+        # loaded when the engine creates them; predict changes none.
+        predictions = model.predict(models.batches(strategy), verbose=0)
+        models.assert_values_equal(models.engine_values(model), expected)
+        assert int(model.get_layer("embed").embedding_step.numpy()) == 4
+    np.testing.assert_allclose(
+        predictions,
+        cpu.predict(models.batches(tf.distribute.get_strategy()), verbose=0),
+        atol=1e-5,
+    )
+
+
+def test_keras_archive_carries_the_engine_tables(tmp_path):
+    path = str(tmp_path / "model.keras")
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        model = _trained(strategy)
+        expected = models.engine_values(model)
+        model.save(path)
+    loaded = keras.saving.load_model(path)
+    models.assert_values_equal(models.local_values(loaded), expected)
+
+
+def test_model_checkpoint_carries_the_engine_tables(tmp_path):
+    path = str(tmp_path / "epoch{epoch}.weights.h5")
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        model = models.build_emulated(strategy, "adam")
+        model.fit(
+            models.batches(strategy),
+            steps_per_epoch=2,
+            verbose=0,
+            callbacks=[
+                keras.callbacks.ModelCheckpoint(path, save_weights_only=True)
+            ],
+        )
+        expected = models.engine_values(model)
+    cpu = _cpu_model()
+    cpu.load_weights(str(tmp_path / "epoch1.weights.h5"))
+    models.assert_values_equal(models.local_values(cpu), expected)
+
+
+def test_save_weights_before_the_first_step_refuses(tmp_path):
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        model = models.build_emulated(strategy, "adam")
+        with pytest.raises(RuntimeError, match="first step"):
+            model.save_weights(str(tmp_path / "early.weights.h5"))
+
+
+def test_backup_and_restore_resumes_with_the_engine_tables(tmp_path):
+    expected = models.one_device("adam", epochs=2)
+
+    def backup():
+        return keras.callbacks.BackupAndRestore(
+            str(tmp_path / "backup"), delete_checkpoint=False
+        )
+
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        first = models.build_emulated(strategy, "adam")
+        first.fit(
+            models.batches(strategy), epochs=1, verbose=0, callbacks=[backup()]
+        )
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        # Other initial values: everything must come from the backup.
+        keras.utils.set_random_seed(9)
+        with strategy.scope():
+            model = models.build(models.OPTIMIZERS["adam"]())
+        model.fit(
+            models.batches(strategy), epochs=2, verbose=0, callbacks=[backup()]
+        )
+        models.assert_values_equal(
+            models.engine_values(model), models.local_values(expected)
+        )
+        assert int(model.get_layer("embed").embedding_step.numpy()) == 8
+
+
+def _mixed_model(optimizer):
+    """'user' on the engine, 'item' on the tensor core: one layer, both."""
+    user = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20), 4
+    )
+    item = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 15),
+        3,
+        embedding_lookup_device="tpu_tensor_core",
+        tensor_core_shape=(None, 1),
+    )
+    inputs = {
+        "user": keras.Input((1,), dtype="int64", name="user"),
+        "item": keras.Input((1,), dtype="int64", name="item"),
+    }
+    embedded = kte.TPUEmbeddingLayer(
+        [user, item],
+        config=kte.EmbeddingConfig(optimizer=optimizer),
+        name="embed",
+    )(inputs)
+    joined = keras.layers.Concatenate()(
+        [embedded["user_embedding"], embedded["item_embedding"]]
+    )
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(joined))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_save_weights_of_a_mixed_layer_carries_both_kinds(tmp_path):
+    path = str(tmp_path / "mixed.weights.h5")
+    keras.utils.set_random_seed(models.SEED)
+    expected = _mixed_model(kte.optimizers.Adagrad(0.1))
+    expected.fit(
+        models.batches(tf.distribute.get_strategy()), epochs=1, verbose=0
+    )
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        keras.utils.set_random_seed(models.SEED)
+        with strategy.scope():
+            model = _mixed_model(kte.optimizers.Adagrad(0.1))
+        layer = model.get_layer("embed")
+        assert [t.name for t in layer.local_table_specs] == ["item"]
+        assert layer.engine is not None
+        model.fit(models.batches(strategy), epochs=1, verbose=0)
+        engine = models.engine_values(model)
+        assert sorted(engine) == ["user", "user/accumulators"]
+        model.save_weights(path)
+    cpu = _mixed_model(kte.optimizers.Adagrad(0.1))
+    cpu.load_weights(path)
+    values = models.local_values(cpu)
+    models.assert_values_equal(values, models.local_values(expected))
+    models.assert_values_equal({name: values[name] for name in engine}, engine)
