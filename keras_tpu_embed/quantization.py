@@ -133,7 +133,7 @@ def quantize_rows(
     overflow: list[np.ndarray] = []
     for start in range(0, rows, step):
         stop = min(start + step, rows)
-        chunk = np.asarray(values[start:stop], np.float32)
+        chunk = _read_rows(values, start, stop)
         bad = ~np.isfinite(chunk).all(axis=1)
         if bad.any() or non_finite:
             non_finite.append(start + np.flatnonzero(bad))
@@ -162,6 +162,18 @@ def quantize_rows(
         table, table_dtype, np.concatenate([np.zeros(0, np.int64), *overflow])
     )
     return codes, scale_offset
+
+
+def _read_rows(values: Any, start: int, stop: int) -> np.ndarray:
+    """Rows `[start, stop)` of `values` as a float32 numpy array."""
+    if isinstance(values, np.ndarray):
+        return np.asarray(values[start:stop], np.float32)
+    # A gather, not a slice: a slice reads the whole variable first, and
+    # that read copies the whole table once the variable has been gathered
+    # from (TF's copy-on-read mode, i.e. after any training step) or
+    # assigned a slice, which is the copy this function exists to avoid.
+    rows = tf.gather(values, tf.range(start, stop, dtype=tf.int64))
+    return np.asarray(rows, np.float32)
 
 
 def _quantize_int8(

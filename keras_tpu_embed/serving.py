@@ -222,10 +222,12 @@ def _quantized_tables(layer: Any, table_dtype: str) -> Iterator[None]:
             "'float32'."
         )
     saved = local.serving_tables
-    # The variable itself, not `.numpy()`: `quantize_rows` reads it a chunk
-    # of rows at a time, so no float copy of a whole table is made.
+    # The TF variable itself, not `.numpy()`: `quantize_rows` gathers it a
+    # chunk of rows at a time, so no float copy of a whole table is made.
     local.serving_tables = {
-        name: QuantizedTable(local.table_variable(name), table_dtype, name)
+        name: QuantizedTable(
+            local.table_variable(name).value, table_dtype, name
+        )
         for name in local.table_names
     }
     try:
