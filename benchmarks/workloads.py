@@ -147,3 +147,131 @@ def make_batches(spec: Workload, seed: int = SEED) -> list[Batch]:
         labels = rng.integers(0, 2, (size, 1)).astype(np.float32)
         batches.append(Batch(features, labels))
     return batches
+
+
+# ---------------------------------------------------------------------- W4
+
+CRITEO_KAGGLE_CARDINALITIES = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683,
+    8351593, 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15,
+    286181, 105, 142572,
+)  # fmt: skip
+"""Distinct values of the 26 categorical features of the Criteo Kaggle
+(Display Advertising Challenge) data set, as DLRM's preprocessing counts
+them (`kaggleAdDisplayChallenge_processed.npz`, the counts the DLRM paper's
+Kaggle runs size their tables with). Source used here: the list in
+github.com/real-zhangzhe/wukong, `exp/train_wukong_on_criteo_kaggle_dataset.py`
+("from dataset.npz"). TorchRec's `torchrec/datasets/criteo.py` /
+`scripts/nvt/utils/criteo_constant.py` `NUM_EMBEDDINGS_PER_FEATURE` holds the
+Criteo 1TB counts instead (four features at its 40,000,000 cap)."""
+
+CRITEO_ROW_CAP = 10_000_000
+CRITEO_DIM = 16
+CRITEO_NUMERIC = 13
+CRITEO_SEED = 20261124
+ZIPF_EXPONENT = 1.1
+CRITEO_BOTTOM = (64, CRITEO_DIM)
+"""The bottom MLP on the 13 numeric features (relu), ending at `dim`, as in
+DLRM (its Kaggle run: 512-256-64-16)."""
+CRITEO_TOP = (256, 64)
+"""The top MLP (relu) on the pairwise dot products and the bottom output,
+then Dense(1) (DLRM's Kaggle run: 512-256-1)."""
+CRITEO_CLICK_RATE = 0.25
+"""Labels are Bernoulli at about Criteo's click rate (~26%)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CriteoWorkload:
+    """W4: 26 one-id categorical features with Criteo Kaggle's cardinalities
+    (each capped at `row_cap`), `dim` 16, 13 numeric features, Zipf ids."""
+
+    name: str = "W4"
+    batch_size: int = 4096
+    row_cap: int = CRITEO_ROW_CAP
+    dim: int = CRITEO_DIM
+    batches: int = 8
+    training: bool = True
+
+    def cardinalities(self) -> tuple[int, ...]:
+        return tuple(min(c, self.row_cap) for c in CRITEO_KAGGLE_CARDINALITIES)
+
+    def features(self) -> tuple[str, ...]:
+        return tuple(
+            f"cat_{i}" for i in range(len(CRITEO_KAGGLE_CARDINALITIES))
+        )
+
+    def table_shapes(self) -> dict[str, tuple[int, int]]:
+        return {
+            name: (rows, self.dim)
+            for name, rows in zip(self.features(), self.cardinalities())
+        }
+
+    def table_bytes(self) -> int:
+        return sum(r * d * 4 for r, d in self.table_shapes().values())
+
+
+def criteo_workload(
+    quick: bool = False, row_cap: int | None = None
+) -> CriteoWorkload:
+    """W4 at full size (rows capped at 10^7), or `quick` (rows capped at
+    2,000, batch 256, 2 batches: seconds), or with another `row_cap`."""
+    scale: dict[str, Any] = (
+        {"batch_size": 256, "row_cap": 2_000, "batches": 2} if quick else {}
+    )
+    if row_cap is not None:
+        scale["row_cap"] = row_cap
+    return CriteoWorkload(**scale)
+
+
+_ZIPF_MULTIPLIER = 2_654_435_761
+"""Knuth's multiplicative-hash prime: rank r -> id `(r - 1) * m mod rows`
+spreads the hot ids over the table, as a real vocabulary's would be."""
+
+
+def zipf_ids(
+    rng: np.random.Generator,
+    rows: int,
+    size: int,
+    exponent: float = ZIPF_EXPONENT,
+) -> np.ndarray:
+    """`size` ids in `[0, rows)`: Zipf ranks (`P(r) ~ r**-exponent`, the
+    distribution truncated to `rows` ranks by rejection), each rank mapped
+    to an id by a fixed bijection."""
+    ranks = np.empty(0, np.int64)
+    while len(ranks) < size:
+        draws = rng.zipf(exponent, 2 * size)
+        ranks = np.concatenate([ranks, draws[draws <= rows]])
+    multiplier = _ZIPF_MULTIPLIER % rows
+    while np.gcd(multiplier, rows) != 1:  # a bijection needs a unit
+        multiplier += 1
+    return ((ranks[:size] - 1) * multiplier) % rows
+
+
+@dataclasses.dataclass(frozen=True)
+class CriteoBatch:
+    """One W4 batch: `[batch]` int64 ids per feature, `[batch, 13]`
+    float32 numeric features (log1p of heavy-tailed counts, as DLRM feeds
+    Criteo's), and labels `[batch, 1]`."""
+
+    ids: dict[str, np.ndarray]
+    numeric: np.ndarray
+    labels: np.ndarray
+
+
+def make_criteo_batches(
+    spec: CriteoWorkload, seed: int = CRITEO_SEED
+) -> list[CriteoBatch]:
+    """`spec.batches` W4 batches, identical for every candidate and run."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    size = spec.batch_size
+    for _ in range(spec.batches):
+        ids = {
+            name: zipf_ids(rng, rows, size)
+            for name, (rows, _) in spec.table_shapes().items()
+        }
+        counts = rng.lognormal(1.0, 2.0, (size, CRITEO_NUMERIC))
+        numeric = np.log1p(np.floor(counts)).astype(np.float32)
+        labels = (rng.random((size, 1)) < CRITEO_CLICK_RATE).astype(np.float32)
+        batches.append(CriteoBatch(ids, numeric, labels))
+    return batches

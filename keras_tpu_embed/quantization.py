@@ -65,15 +65,49 @@ def check_table_dtype(table_dtype: Any) -> str:
     return table_dtype
 
 
+_CHUNK_BYTES = 32 * 2**20
+"""The float64 working copy of one chunk of rows, at most (`chunk_rows`)."""
+
+_MIN_CHUNKS = 16
+"""A table is quantized in at least this many chunks (or one row each), so
+that the working copies stay a small fraction of any table, small or not."""
+
+
+def chunk_rows(rows: int, dim: int) -> int:
+    """The rows `quantize_rows` quantizes at once for a `[rows, dim]` table.
+
+    A float64 copy of a chunk is at most `_CHUNK_BYTES` (32 MiB) and at most
+    1/16 of the float64 table, and at least one row.
+
+    >>> chunk_rows(10**7, 64), chunk_rows(1000, 64), chunk_rows(3, 4)
+    (65536, 63, 1)
+    """
+    by_bytes = _CHUNK_BYTES // (8 * max(dim, 1))
+    by_share = -(-rows // _MIN_CHUNKS)
+    return max(1, min(rows, by_bytes, by_share))
+
+
 def quantize_rows(
-    values: np.ndarray, table_dtype: str, table: str
+    values: Any, table_dtype: str, table: str
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """A float table `[rows, dim]` as stored for serving.
+
+    The rows are read and quantized in chunks of `chunk_rows`, so that only
+    one chunk is ever copied (to float64 for "int8"): with `values` a
+    variable, quantizing adds the outputs and one chunk's working copies to
+    memory, not a float64 copy of the table. Each row is quantized on its
+    own, so the chunks give the same bits as the whole table at once.
+
+    Args:
+        values: The table: a numpy array, a tensor or a variable (read one
+            chunk at a time).
+        table_dtype: One of `TABLE_DTYPES`.
+        table: The table's name, for errors.
 
     Returns:
         `(codes, scale_offset)`: for "bfloat16" the rows as bfloat16 and
         None; for "int8" uint8 codes and float32 `[rows, 2]` (scale,
-        offset); for "float32" the rows as they are and None.
+        offset); for "float32" the rows as they are (float32) and None.
 
     Raises:
         ValueError: an unknown `table_dtype`, non-finite values in
@@ -83,50 +117,102 @@ def quantize_rows(
             largest value / 2 or more).
     """
     check_table_dtype(table_dtype)
-    values = np.asarray(values, np.float32)
     if table_dtype == "float32":
-        return values, None
-    finite = np.isfinite(values)
-    if not finite.all():
-        rows = np.flatnonzero(~finite.all(axis=1))
+        return np.asarray(values, np.float32), None
+    rows, dim = (int(n) for n in values.shape)
+    step = chunk_rows(rows, dim)
+    if table_dtype == "bfloat16":
+        codes = np.empty((rows, dim), tf.bfloat16.as_numpy_dtype)
+        scale_offset = None
+    else:
+        codes = np.empty((rows, dim), np.uint8)
+        scale_offset = np.empty((rows, 2), np.float32)
+    # Every chunk is checked before an error is raised, so that it names
+    # the first bad rows of the table, as one whole-table check would.
+    non_finite: list[np.ndarray] = []
+    overflow: list[np.ndarray] = []
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        chunk = _read_rows(values, start, stop)
+        bad = ~np.isfinite(chunk).all(axis=1)
+        if bad.any() or non_finite:
+            non_finite.append(start + np.flatnonzero(bad))
+            continue
+        if table_dtype == "bfloat16":
+            rounded = tf.cast(chunk, tf.bfloat16).numpy()
+            # bfloat16 has float32's range, but rounding to 8 significant
+            # bits carries |x| >= ~3.39e38 past its largest value, to inf.
+            fits = np.isfinite(rounded).all(axis=1)
+            codes[start:stop] = rounded
+        else:
+            assert scale_offset is not None
+            fits = _quantize_int8(
+                chunk, codes[start:stop], scale_offset[start:stop]
+            )
+        overflow.append(start + np.flatnonzero(~fits))
+    if non_finite:
+        bad_rows = np.concatenate(non_finite)
         raise ValueError(
             f"Table '{table}' holds NaN or inf values (rows "
-            f"{rows[:10].tolist()}), which cannot be quantized to "
+            f"{bad_rows[:10].tolist()}), which cannot be quantized to "
             f"{table_dtype}. Fix or re-train the table, or export with "
             "table_dtype='float32'."
         )
-    if table_dtype == "bfloat16":
-        rounded = tf.cast(values, tf.bfloat16).numpy()
-        # bfloat16 has float32's range, but rounding to 8 significant bits
-        # carries |x| >= ~3.39e38 past its largest value, to inf.
-        _refuse_overflow(table, table_dtype, np.isfinite(rounded))
-        return rounded, None
+    _refuse_overflow(
+        table, table_dtype, np.concatenate([np.zeros(0, np.int64), *overflow])
+    )
+    return codes, scale_offset
+
+
+def _read_rows(values: Any, start: int, stop: int) -> np.ndarray:
+    """Rows `[start, stop)` of `values` as a float32 numpy array."""
+    if isinstance(values, np.ndarray):
+        return np.asarray(values[start:stop], np.float32)
+    # A gather, not a slice: a slice reads the whole variable first, and
+    # that read copies the whole table once the variable has been gathered
+    # from (TF's copy-on-read mode, i.e. after any training step) or
+    # assigned a slice, which is the copy this function exists to avoid.
+    rows = tf.gather(values, tf.range(start, stop, dtype=tf.int64))
+    return np.asarray(rows, np.float32)
+
+
+def _quantize_int8(
+    chunk: np.ndarray, codes: np.ndarray, scale_offset: np.ndarray
+) -> np.ndarray:
+    """Writes the int8 codes and (scale, offset) of `chunk`'s rows into
+    `codes` and `scale_offset`; returns per row whether its spread fits."""
     # float64 keeps the scale and codes exact to well below one level.
-    wide = values.astype(np.float64)
+    wide = chunk.astype(np.float64)
     low = wide.min(axis=1, keepdims=True)
     spread = wide.max(axis=1, keepdims=True) - low
     # Dequantization, `code * scale + offset` in float32, reaches `spread`
     # before the offset is added unless fused (XLA fuses it, the sparse
     # path does not): a spread beyond float32 would serve inf on one path
     # and finite values on another, for the same id.
-    _refuse_overflow(table, table_dtype, spread < np.finfo(np.float32).max / 2)
+    fits: np.ndarray = spread[:, 0] < np.finfo(np.float32).max / 2
     scale = spread / _INT8_LEVELS
     # A constant row has scale 0: every code is 0 and the offset is exact.
     safe = np.where(scale > 0, scale, 1.0)
-    codes = np.clip(np.rint((wide - low) / safe), 0, _INT8_LEVELS)
-    scale_offset = np.concatenate([scale, low], axis=1).astype(np.float32)
-    return codes.astype(np.uint8), scale_offset
+    # In place on the float64 working copy: the same operations, in the
+    # same order, as `np.clip(np.rint((wide - low) / safe), 0, 255)`.
+    np.subtract(wide, low, out=wide)
+    np.divide(wide, safe, out=wide)
+    np.rint(wide, out=wide)
+    np.clip(wide, 0, _INT8_LEVELS, out=wide)
+    codes[...] = wide
+    scale_offset[:, :1] = scale
+    scale_offset[:, 1:] = low
+    return fits
 
 
-def _refuse_overflow(table: str, table_dtype: str, finite: np.ndarray) -> None:
-    """Raises naming `table`'s rows whose `finite` entries are not all true.
+def _refuse_overflow(table: str, table_dtype: str, rows: np.ndarray) -> None:
+    """Raises naming `table`'s `rows` if there are any.
 
     Raises:
-        ValueError: a row `table_dtype` would serve as inf.
+        ValueError: rows `table_dtype` would serve as inf.
     """
-    if finite.all():
+    if not len(rows):
         return
-    rows = np.flatnonzero(~finite.reshape(finite.shape[0], -1).all(axis=1))
     reason = (
         "values of magnitude ~3.39e38 or more, which round to inf in bfloat16"
         if table_dtype == "bfloat16"
@@ -134,7 +220,8 @@ def _refuse_overflow(table: str, table_dtype: str, finite: np.ndarray) -> None:
         "or more, which int8 dequantization would carry to inf"
     )
     raise ValueError(
-        f"Table '{table}' has rows {rows[:10].tolist()} with {reason}: "
+        f"Table '{table}' has rows {rows[:10].tolist()} "
+        f"with {reason}: "
         f"exported as {table_dtype} they would serve inf. Export with "
         "table_dtype='float32', or bring those rows back to a finite range "
         "(`kte.quantization_error` checks a table before exporting)."
@@ -176,12 +263,13 @@ class QuantizedTable(tf.Module):  # type: ignore[misc]
     unpacking (`tf.bitcast`) is free, so the answer is the same bits.
 
     Args:
-        values: The float32 table `[rows, dim]`.
+        values: The float32 table `[rows, dim]`: an array, a tensor or a
+            variable (read a chunk of rows at a time, `quantize_rows`).
         table_dtype: "bfloat16" or "int8".
         name: The table's name (in errors and variable names).
     """
 
-    def __init__(self, values: np.ndarray, table_dtype: str, name: str):
+    def __init__(self, values: Any, table_dtype: str, name: str):
         super().__init__(name=f"{name}_{table_dtype}")
         codes, scale_offset = quantize_rows(values, table_dtype, name)
         self.table_dtype = table_dtype

@@ -222,9 +222,11 @@ def _quantized_tables(layer: Any, table_dtype: str) -> Iterator[None]:
             "'float32'."
         )
     saved = local.serving_tables
+    # The TF variable itself, not `.numpy()`: `quantize_rows` gathers it a
+    # chunk of rows at a time, so no float copy of a whole table is made.
     local.serving_tables = {
         name: QuantizedTable(
-            local.table_variable(name).numpy(), table_dtype, name
+            local.table_variable(name).value, table_dtype, name
         )
         for name in local.table_names
     }

@@ -10,6 +10,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 
 from benchmarks import report
@@ -283,3 +284,121 @@ def test_targets_pair_rounds_in_one_process():
     # Without the peer in our process, the cross-process ratio decides.
     assert report.paired(workload, ours, ["keras_embedding_xla"]) is None
     assert report._versus(ours, peer, 1.5, None)["met"]
+
+
+# ------------------------------------------------------------------- W4
+
+
+def test_w4_has_the_criteo_kaggle_cardinalities_capped():
+    from benchmarks import workloads
+
+    published = workloads.CRITEO_KAGGLE_CARDINALITIES
+    assert len(published) == 26
+    assert max(published) == 10_131_227  # the one Kaggle feature over 10^7
+    spec = workloads.criteo_workload()
+    assert spec.row_cap == 10**7 and spec.dim == 16
+    assert workloads.CRITEO_NUMERIC == 13
+    shapes = spec.table_shapes()
+    assert list(shapes) == [f"cat_{i}" for i in range(26)]
+    assert [rows for rows, _ in shapes.values()] == [
+        min(c, 10**7) for c in published
+    ]
+    assert {dim for _, dim in shapes.values()} == {16}
+    assert shapes["cat_2"] == (10**7, 16)
+    assert shapes["cat_11"] == (8_351_593, 16)  # under the cap: unchanged
+    quick = workloads.criteo_workload(quick=True)
+    assert max(r for r, _ in quick.table_shapes().values()) == quick.row_cap
+    assert min(r for r, _ in quick.table_shapes().values()) == 3
+
+
+def test_w4_ids_are_zipf_heavy_tailed_and_in_range():
+    from benchmarks import workloads
+
+    rows = 100_000
+    rng = np.random.default_rng(0)
+    ids = workloads.zipf_ids(rng, rows, 200_000)
+    assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < rows
+    counts = np.sort(np.unique(ids, return_counts=True)[1])[::-1]
+    # Zipf(1.1): the 1% most frequent ids draw ~75% of the lookups (1% if
+    # uniform), and rank 1 is drawn ~10**1.1 = 12.6 times as often as
+    # rank 10.
+    assert counts[: rows // 100].sum() / counts.sum() > 0.6
+    assert 8 < counts[0] / counts[9] < 20
+    uniform = np.random.default_rng(0).integers(0, rows, 200_000)
+    uniform_counts = np.sort(np.unique(uniform, return_counts=True)[1])[::-1]
+    assert uniform_counts[: rows // 100].sum() / 200_000 < 0.05
+    # Tiny vocabularies (Criteo has 3- and 4-value features) fill too.
+    assert set(workloads.zipf_ids(rng, 3, 1_000).tolist()) == {0, 1, 2}
+
+
+def test_w4_rank_to_id_map_is_a_bijection():
+    from benchmarks import workloads
+
+    for rows in (1, 3, 10, 583, 2_654_435_761 % 1000 + 1000, 142_572):
+        multiplier = workloads._ZIPF_MULTIPLIER % rows
+        while np.gcd(multiplier, rows) != 1:
+            multiplier += 1
+        ranks = np.arange(rows, dtype=np.int64)
+        assert len(np.unique((ranks * multiplier) % rows)) == rows
+
+
+def test_w4_batches_are_deterministic_with_the_seed():
+    from benchmarks import workloads
+
+    spec = workloads.criteo_workload(quick=True)
+    first = workloads.make_criteo_batches(spec)
+    again = workloads.make_criteo_batches(spec)
+    other = workloads.make_criteo_batches(spec, seed=1)
+    assert len(first) == spec.batches
+    for a, b, c in zip(first, again, other):
+        assert list(a.ids) == list(spec.table_shapes())
+        for name, ids in a.ids.items():
+            assert ids.shape == (spec.batch_size,)
+            np.testing.assert_array_equal(ids, b.ids[name])
+        np.testing.assert_array_equal(a.numeric, b.numeric)
+        np.testing.assert_array_equal(a.labels, b.labels)
+        assert a.numeric.shape == (spec.batch_size, 13)
+        assert np.all(np.isfinite(a.numeric)) and np.all(a.numeric >= 0)
+        assert set(np.unique(a.labels).tolist()) <= {0.0, 1.0}
+        assert not np.array_equal(a.ids["cat_2"], c.ids["cat_2"])
+
+
+@pytest.mark.slow
+def test_w4_quick_run_reports_every_candidate_and_target():
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    done = testing.run_python(
+        os.path.join(ROOT, "benchmarks", "criteo.py"),
+        "--quick",
+        "--rounds",
+        "1",
+        "--steps",
+        "1",
+        "--calls",
+        "2",
+        "--json",
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[0])
+    training = result["training"]
+    assert set(training) == {
+        "safe_lookup",
+        "raw_xla",
+        "keras_embedding_xla",
+        "kte_cpu",
+        "kte_tensor_core_xla",
+    }
+    for name, record in training.items():
+        assert "error" not in record, (name, record)
+        assert _finite_positive(record["median_step_s"])
+        assert _finite_positive(record["state_bytes"])
+    assert set(result["serving"]) == {"1", "64"}  # quick batch is 256
+    for cell in result["serving"].values():
+        assert _finite_positive(cell["x_peer"])
+    text = done.stdout
+    assert "W4 training:" in text and "(target >= 1.5)" in text
+    assert "W4 RSS kte_cpu:" in text and "W4 RSS kte_tensor_core_xla:" in text
+    assert text.count("W4 serving batch") == 2
+    assert "met" in text.split("Targets")[1]

@@ -402,3 +402,117 @@ def test_huge_max_norm_leaves_rows_unclipped(
         expected,
         rtol=1e-6,
     )
+
+
+def _whole_table_reference(values, table_dtype):
+    """`quantize_rows` as it was before it worked in row chunks: the whole
+    table at once, int8 in float64. The chunked version must give these
+    bits exactly."""
+    values = np.asarray(values, np.float32)
+    if table_dtype == "bfloat16":
+        return tf.cast(values, tf.bfloat16).numpy(), None
+    wide = values.astype(np.float64)
+    low = wide.min(axis=1, keepdims=True)
+    spread = wide.max(axis=1, keepdims=True) - low
+    scale = spread / 255
+    safe = np.where(scale > 0, scale, 1.0)
+    codes = np.clip(np.rint((wide - low) / safe), 0, 255)
+    scale_offset = np.concatenate([scale, low], axis=1).astype(np.float32)
+    return codes.astype(np.uint8), scale_offset
+
+
+def _edge_table(rows=1003, dim=13):
+    table = _random_table(rows=rows, dim=dim, seed=7)
+    table[0] = 0.5  # a constant row (scale 0) at the first row
+    table[-1] = -2.0  # and at the last
+    table[1, 3] = 1e30  # a huge spread, still finite when dequantized
+    table[-2] = np.float32(1e-38) * np.arange(dim)  # subnormal steps
+    table[500, :] = np.linspace(-1, 1, dim)  # codes at exactly .5 levels
+    return table
+
+
+def _bits(array):
+    array = np.ascontiguousarray(array)
+    return array.view(np.dtype(f"u{array.dtype.itemsize}"))
+
+
+@pytest.mark.parametrize("table_dtype", QUANTIZED)
+@pytest.mark.parametrize("chunk_bytes", [1, 8 * 13 * 64, 8 * 13 * 1002])
+def test_chunked_quantization_is_bit_identical_to_the_whole_table(
+    monkeypatch, table_dtype, chunk_bytes
+):
+    # 1 byte: one row per chunk; 64 rows: 16 chunks and a partial last one
+    # (1003 = 15 * 64 + 43); 1002 rows: a last chunk of one row.
+    monkeypatch.setattr(quantization, "_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(quantization, "_MIN_CHUNKS", 1)
+    table = _edge_table()
+    rows = quantization.chunk_rows(*table.shape)
+    assert rows == max(1, min(chunk_bytes // (8 * 13), 1003))
+    codes, scale_offset = quantization.quantize_rows(table, table_dtype, "t")
+    expected_codes, expected_scale_offset = _whole_table_reference(
+        table, table_dtype
+    )
+    assert codes.dtype == expected_codes.dtype
+    np.testing.assert_array_equal(_bits(codes), _bits(expected_codes))
+    if table_dtype == "int8":
+        np.testing.assert_array_equal(
+            _bits(scale_offset), _bits(expected_scale_offset)
+        )
+    else:
+        assert scale_offset is None
+
+
+@pytest.mark.parametrize("table_dtype", QUANTIZED)
+def test_chunks_read_from_a_variable_give_the_same_bits(
+    monkeypatch, table_dtype
+):
+    # The export passes the table variable itself, so that only a chunk of
+    # it is ever copied to host memory at once.
+    monkeypatch.setattr(quantization, "_CHUNK_BYTES", 8 * 13 * 100)
+    table = _edge_table()
+    from_variable = quantization.quantize_rows(
+        tf.Variable(table), table_dtype, "t"
+    )
+    expected = _whole_table_reference(table, table_dtype)
+    for got, want in zip(from_variable, expected):
+        if want is None:
+            assert got is None
+        else:
+            np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("table_dtype", QUANTIZED)
+def test_errors_name_the_bad_rows_of_every_chunk(monkeypatch, table_dtype):
+    monkeypatch.setattr(quantization, "_CHUNK_BYTES", 8 * 3 * 4)
+    table = _random_table(rows=20, dim=3)
+    table[[2, 9, 19], 1] = np.inf  # in the first, third and last chunk
+    with pytest.raises(ValueError, match=r"Table 'users'.*rows \[2, 9, 19\]"):
+        quantization.quantize_rows(table, table_dtype, "users")
+
+
+def test_int8_overflow_rows_of_every_chunk_are_named(monkeypatch):
+    monkeypatch.setattr(quantization, "_CHUNK_BYTES", 8 * 3 * 4)
+    table = _random_table(rows=20, dim=3)
+    big = np.finfo(np.float32).max
+    table[[0, 19]] = [-big / 2, 0.0, big / 2]
+    with pytest.raises(ValueError, match=r"rows \[0, 19\] with a spread"):
+        quantization.quantize_rows(table, "int8", "t")
+
+
+def test_int8_quantization_peak_allocation_stays_under_the_table():
+    # The export's budget is 1.25x one table for everything it adds; the
+    # quantize step, outputs included (a quarter of the table and 8 bytes
+    # a row), must stay well under one table. numpy reports every array it
+    # allocates to tracemalloc, so this peak is exact, not a timing.
+    import tracemalloc
+
+    table = _random_table(rows=40_000, dim=64)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        codes, scale_offset = quantization.quantize_rows(table, "int8", "t")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert codes.shape == (40_000, 64)
+    assert peak <= 0.75 * table.nbytes, (peak, table.nbytes)
