@@ -70,6 +70,14 @@ from tensorflow.python.ops import (  # noqa: E402
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_feature_column_v2  # noqa: E402
 from tensorflow.python.tpu import tpu_replication as tf_tpu_replication  # noqa: E402
 from tensorflow.python.tpu.ops import tpu_ops as tf_tpu_ops  # noqa: E402
+from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
+    SaveSpec as TFSaveSpec,
+)
+
+# A checkpoint dependency that saves and restores tensors of its own
+# (`_serialize_to_tensors` / `_restore_from_tensors`): only TF's internal
+# namespace exports the base class.
+Trackable: Any = tf.__internal__.tracking.Trackable
 
 
 def keras_random_seed(seed: int) -> Any:
@@ -104,6 +112,8 @@ def caller_stacklevel() -> int:
 
 
 __all__ = [
+    "TFSaveSpec",
+    "Trackable",
     "caller_stacklevel",
     "tf",
     "keras",

@@ -7,10 +7,10 @@ built here tracks the layers' own variables under exactly those names, so
 `tf.train.Checkpoint(embedding=engine_checkpoint(model))` on CPU and
 `tf.train.Checkpoint(embedding=mid_level_object)` on TPU read and write the
 same checkpoint. For layers built on the TPU engine
-(`lookup/embedding_core.py`), the engine's mid-level object holds the tables:
-`engine_checkpoint` returns it (or tracks its variables under the same names
-next to the layers' own), so a
-checkpoint written on TPU restores on CPU and the other way round.
+(`lookup/embedding_core.py`), the tables live on the TPU: the view tracks
+each engine table and slot under the same name as an `_EngineTable`, which
+reads the TPU when saved and writes the TPU when restored, so a checkpoint
+written on TPU restores on CPU and the other way round.
 """
 
 from __future__ import annotations
@@ -20,11 +20,60 @@ from typing import Any
 from typing import Callable
 from typing import NamedTuple
 
+from keras_tpu_embed._compat import TFSaveSpec
+from keras_tpu_embed._compat import Trackable
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.layers import embedding_layers
 from keras_tpu_embed.loading import LOAD_ERRORS
 from keras_tpu_embed.loading import damaged_file_error
+
+
+class _EngineTable(Trackable):  # type: ignore[misc]
+    """One engine table or slot in a checkpoint, as it is on the TPU.
+
+    TF refreshes the mid-level object's host copies from the TPU before a
+    save, and loads them onto it after a restore, only when the mid-level
+    object itself is checkpointed, and the load only for files that a
+    mid-level object wrote (`tpu_embedding_v2.py`, the registered
+    "TPUEmbeddingCallback" saver). Tracking the host copies instead saved
+    stale values, and a file written on CPU never reached the TPU after its
+    first step. This reads and writes the TPU itself, through the engine
+    (before the first step a restore is held and loaded when TF creates the
+    tables; a save raises).
+    """
+
+    def __init__(self, engine: Any, table: str, slot: str) -> None:
+        self._engine = engine
+        self._table = table
+        self._slot = slot
+        self.shape = engine.table_slots(table)[slot]
+
+    def read(self) -> Any:
+        """The table or slot as it is on the TPU now."""
+        try:
+            values = self._engine.read_tables([self._table])
+        except RuntimeError as error:
+            raise ValueError(str(error)) from error
+        return tf.constant(values[(self._table, self._slot)])
+
+    def _serialize_to_tensors(self) -> dict[str, Any]:
+        # A callable: TF asks for the spec on restore as well, when the
+        # tables may not exist yet, and reads the value only to save it.
+        return {
+            "VARIABLE_VALUE": TFSaveSpec(
+                self.read,
+                "",
+                "VARIABLE_VALUE",
+                dtype=tf.float32,
+                device="/job:localhost/replica:0/task:0/device:CPU:0",
+            )
+        }
+
+    def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
+        value = restored_tensors["VARIABLE_VALUE"]
+        self._engine.write_tables({(self._table, self._slot): value.numpy()})
+        return tf.no_op()
 
 
 class EngineCheckpointView(tf.Module):  # type: ignore[misc]
@@ -98,21 +147,16 @@ def engine_checkpoint(model_or_layers: Any) -> Any:
         )
     engine = next(iter(engines.values()), None)
     local = [(layer, layer.local_table_specs) for layer in layers]
-    if engine is not None and not any(tables for _, tables in local):
-        # Everything is in the engine: its own object is the checkpoint,
-        # which also restores into it before its first step.
-        return engine.mid_level
     if engine is not None:
-        children = engine.mid_level._trackable_children("checkpoint")
-        if not children:
-            raise ValueError(
-                "The TPU embedding engine builds its tables at the first "
-                "step; run one step before checkpointing a model that also "
-                "has tensor-core tables."
-            )
-        for name, variable in children.items():
-            owners[name] = "the TPU embedding engine"
-            names.append((name, variable))
+        for config in engine.mid_level._table_config:
+            for slot in engine.table_slots(config.name):
+                name = (
+                    config.name
+                    if slot == "parameters"
+                    else f"{config.name}/{slot}"
+                )
+                owners[config.name] = "the TPU embedding engine"
+                names.append((name, _EngineTable(engine, config.name, slot)))
     for layer, tables in local:
         for table in tables:
             if table.name in owners:
@@ -141,56 +185,19 @@ class _NamedTable(NamedTuple):
     read: Callable[[], Any]
 
 
-def _named_tables(view: Any) -> list[_NamedTable]:
-    """Every table and slot of an `engine_checkpoint` result.
-
-    That is an `EngineCheckpointView`, or the engine's own mid-level object
-    when the engine holds every table: then the names and shapes come from
-    its table configs (known before its tables exist), and the values from
-    the chip.
-    """
-    if isinstance(view, EngineCheckpointView):
-        return [
-            _NamedTable(
-                name,
-                list(variable.shape),
-                functools.partial(tf.convert_to_tensor, variable),
-            )
-            for name, variable in view.named_variables()
-        ]
-    tables = []
-    # The mid-level object has no public view of its tables under a
-    # TPUStrategy (`embedding_tables` raises there).
-    for table in view._table_config:
-        shape = [table.vocabulary_size, table.dim]
-        slots = ["parameters"] + list(table.optimizer._slot_names())
-        for slot in slots:
-            name = (
-                table.name if slot == "parameters" else f"{table.name}/{slot}"
-            )
-            tables.append(
-                _NamedTable(
-                    name,
-                    shape,
-                    functools.partial(_engine_value, view, table.name, slot),
-                )
-            )
-    return tables
-
-
-def _engine_value(mid_level: Any, table: str, slot: str) -> Any:
-    """A table or slot as it is on the TPU, gathered from every host."""
-    if not mid_level._built:
-        raise ValueError(
-            "The TPU embedding engine builds its tables at the first step; "
-            "run one step (model.fit, evaluate or predict) before reading "
-            "them."
+def _named_tables(view: EngineCheckpointView) -> list[_NamedTable]:
+    """Every table and slot of an `engine_checkpoint` view; engine tables
+    are read from the TPU when their value is asked for."""
+    return [
+        _NamedTable(
+            name,
+            list(variable.shape),
+            variable.read
+            if isinstance(variable, _EngineTable)
+            else functools.partial(tf.convert_to_tensor, variable),
         )
-    # The host copies are stale between checkpoint saves: TF refreshes them
-    # from the TPU the same way before each save.
-    mid_level._retrieve_variables()
-    shards = mid_level._variables[table][slot].variables
-    return tf.concat([tf.convert_to_tensor(shard) for shard in shards], 0)
+        for name, variable in view.named_variables()
+    ]
 
 
 def restore_tables(
@@ -252,11 +259,6 @@ def restore_tables(
             f"Cannot restore the embedding tables from {path}: {error}"
         ) from error
     status.expect_partial()
-    if not isinstance(view, EngineCheckpointView) and view._built:
-        # TF loads restored tables onto the TPU in a hook that runs only for
-        # checkpoints written from a mid-level object; one written on CPU
-        # (engine_checkpoint of a CPU model) would stay in the host copies.
-        view._load_variables()
 
 
 def validate_tables(model_or_layer: Any) -> dict[str, list[int]]:

@@ -34,6 +34,7 @@ how often each op runs, at run time.
 
 from __future__ import annotations
 
+import types
 import weakref
 from typing import Any
 
@@ -88,6 +89,36 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
 
     def _trackable_children(self, save_type: str = "checkpoint", **kwargs):
         return self._cpu._trackable_children(save_type, **kwargs)
+
+    # What the package reads of a built mid-level object to read and write
+    # its tables (`SharedEngine.read_tables` / `write_tables`). There is no
+    # chip here: the CPU object's variables are the tables, so TF's
+    # retrieve and load have nothing to move.
+    @property
+    def _table_config(self) -> Any:
+        return self._cpu._table_config
+
+    @property
+    def _variables(self) -> Any:
+        # On a TPU each is sharded over the hosts (`.variables`); on CPU it
+        # is one variable: one shard.
+        return {
+            table: {
+                slot: types.SimpleNamespace(variables=[variable])
+                for slot, variable in slots.items()
+            }
+            for table, slots in self._cpu._variables.items()
+        }
+
+    @property
+    def _built(self) -> bool:
+        return self.built
+
+    def _retrieve_variables(self) -> None:
+        pass
+
+    def _load_variables(self) -> None:
+        pass
 
     def build(self) -> None:
         if self.built:
