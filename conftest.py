@@ -26,8 +26,8 @@ SLOW_FILES = (
     "replicas_test.py",  # 258
     "benchmarks_test.py",  # 130, one module fixture
     "quantization_test.py",  # 97
-    "notebooks_test.py",  # 52
-    "emulated_tpu_test.py",  # 45, one subprocess: tests/emulated
+    "emulated_tpu_test.py",  # 90, one subprocess: tests/emulated
+    "notebooks_test.py",  # 52 (+ 60 for notebook 04 under the emulation)
     "install_test.py",  # 40
     "save_paths_test.py",  # 38
     "legacy_reference_test.py",  # 36, one module fixture

@@ -10,6 +10,7 @@ import json
 import textwrap
 
 import numpy as np
+import pytest
 
 from tests.testing import run_python
 
@@ -78,6 +79,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_tf_tpu_embedding_runs_on_the_emulated_chip(tmp_path):
     done = run_python("-c", SCRIPT, str(tmp_path), timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
