@@ -28,8 +28,10 @@ OPTIMIZERS = {
 }
 
 
-def build(optimizer):
-    """Two tables and a dense head; one id per example.
+def build(optimizer, item_on_tensor_core=False):
+    """Two tables and a dense head; one id per example. With
+    `item_on_tensor_core`, "item" is looked up on the tensor core: one layer
+    with an engine table and a tensor-core table.
 
     On a TPU without an engine ("UNSUPPORTED") the tables fall back to the
     tensor core, which needs `tensor_core_shape`.
@@ -48,6 +50,9 @@ def build(optimizer):
         3,
         combiner="mean",
         tensor_core_shape=(None, 1),
+        embedding_lookup_device=(
+            "tpu_tensor_core" if item_on_tensor_core else None
+        ),
     )
     inputs = {
         "user": keras.Input((1,), dtype="int64", name="user"),

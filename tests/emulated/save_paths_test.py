@@ -128,30 +128,7 @@ def test_backup_and_restore_resumes_with_the_engine_tables(tmp_path):
 
 def _mixed_model(optimizer):
     """'user' on the engine, 'item' on the tensor core: one layer, both."""
-    user = kte.embedding_column(
-        kte.categorical_column_with_identity("user", 20), 4
-    )
-    item = kte.embedding_column(
-        kte.categorical_column_with_identity("item", 15),
-        3,
-        embedding_lookup_device="tpu_tensor_core",
-        tensor_core_shape=(None, 1),
-    )
-    inputs = {
-        "user": keras.Input((1,), dtype="int64", name="user"),
-        "item": keras.Input((1,), dtype="int64", name="item"),
-    }
-    embedded = kte.TPUEmbeddingLayer(
-        [user, item],
-        config=kte.EmbeddingConfig(optimizer=optimizer),
-        name="embed",
-    )(inputs)
-    joined = keras.layers.Concatenate()(
-        [embedded["user_embedding"], embedded["item_embedding"]]
-    )
-    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(joined))
-    model.compile(optimizer="sgd", loss="mse")
-    return model
+    return models.build(optimizer, item_on_tensor_core=True)
 
 
 def test_save_weights_of_a_mixed_layer_carries_both_kinds(tmp_path):
