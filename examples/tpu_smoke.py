@@ -25,8 +25,9 @@ traceback) or SKIP (with the reason):
   on the same examples (float32 matmul precision on both sides).
 
 Without a TPU, `--emulate V1` (or `UNSUPPORTED`, a TPU without an engine)
-runs the same stages under `kte.testing.emulated_tpu` on 2 logical CPU
-devices (`--replicas`): TF's own mid-level code, only the chip emulated.
+runs the same stages under `keras_tpu_embed.testing.emulated_tpu` on 2
+logical CPU devices (`--replicas`): TF's own mid-level code, only the chip
+emulated.
 That is a rehearsal, not the TPU report.
 
 The last line is `SMOKE PASS`, `SMOKE FAIL at <stage>` or `SMOKE SKIP:
@@ -529,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         "--emulate",
         choices=("V1", "UNSUPPORTED"),
         default=None,
-        help="no TPU: run under kte.testing.emulated_tpu with this "
+        help="no TPU: run under keras_tpu_embed.testing.emulated_tpu with this "
         "embedding_feature (in a fresh process)",
     )
     parser.add_argument(

@@ -290,12 +290,17 @@ def emulated_tpu(
     Example:
 
     ```python
-    with kte.testing.emulated_tpu(num_replicas=2) as strategy:
+    from keras_tpu_embed.testing import emulated_tpu
+
+    with emulated_tpu(num_replicas=2) as strategy:  # before TF runs
         with strategy.scope():
             model = ...  # with kte.TPUEmbeddingLayer
             model.compile(...)
-        model.fit(kte.distribute_dataset(strategy, dataset), epochs=1)
+        train = kte.distribute_dataset(strategy, dataset.repeat(), 16)
+        model.fit(train, epochs=1, steps_per_epoch=10)
     ```
+
+    A runnable version is in `docs/tpu.md` ("Testing without a TPU").
     """
     if (
         isinstance(num_replicas, bool)
