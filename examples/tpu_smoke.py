@@ -360,6 +360,8 @@ def _stages(
             examples.repeat() if repeat else examples,
             global_batch_size,
             preprocessor=tpu_features,
+            # A TPU without an engine pads the ids of these on the host.
+            columns=own + shared,
         )
 
     with report.stage("build") as details:
@@ -499,6 +501,7 @@ def _stages(
         sample = {k: v[:global_batch_size] for k, v in valid_raw[0].items()}
         on_tpu = model.predict(
             distributed((sample, valid_raw[1][:global_batch_size]), False),
+            steps=1,  # one global batch (a distributed dataset has no length)
             verbose=0,
         )[:, 0]
         serve = tf.saved_model.load(export_dir).signatures["serving_default"]

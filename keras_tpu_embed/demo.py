@@ -116,13 +116,21 @@ def build_columns(vocabulary_file: str) -> tuple[list[Any], list[Any]]:
     history = kte.sequence_categorical_column_with_identity(
         "history", NUM_ITEMS
     )
+    # `tensor_core_shape`: ids per example where a TPU without an embedding
+    # engine (v5e) looks the tables up on its tensor cores; other devices
+    # ignore it.
     own = [
-        kte.embedding_column(user, 16),
-        kte.embedding_column(country, 4),
-        kte.embedding_column(tags, 8, combiner="sqrtn"),
+        kte.embedding_column(user, 16, tensor_core_shape=[None, 1]),
+        kte.embedding_column(country, 4, tensor_core_shape=[None, 1]),
+        kte.embedding_column(
+            tags, 8, combiner="sqrtn", tensor_core_shape=[None, MAX_TAGS]
+        ),
     ]
     shared = kte.shared_embedding_columns(
-        [item, history], 16, max_sequence_lengths=[0, HISTORY_LENGTH]
+        [item, history],
+        16,
+        max_sequence_lengths=[0, HISTORY_LENGTH],
+        tensor_core_shape=[None, 1],
     )
     return own, shared
 

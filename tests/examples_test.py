@@ -90,12 +90,11 @@ def test_a_failing_stage_is_reported_with_its_error(monkeypatch, tmp_path):
     assert "Traceback" in serve["traceback"]
 
 
+# A TPU without an engine (v5e) runs every stage on the tensor core, with
+# the demo columns' tensor_core_shape: tests/emulated/tpu_smoke_test.py.
 @pytest.mark.parametrize(
     "hardware, reason",
-    [
-        (tpu_hardware.EmbeddingHardware.NO_ENGINE, "has no embedding engine"),
-        (tpu_hardware.EmbeddingHardware.V2, "SparseCore"),
-    ],
+    [(tpu_hardware.EmbeddingHardware.V2, "SparseCore")],
 )
 def test_tpus_without_a_supported_engine_are_a_skip_with_the_reason(
     monkeypatch, tmp_path, capsys, hardware, reason
