@@ -8,8 +8,9 @@ built here tracks the layers' own variables under exactly those names, so
 `tf.train.Checkpoint(embedding=mid_level_object)` on TPU read and write the
 same checkpoint. For layers built on the TPU engine
 (`lookup/embedding_core.py`), the tables live on the TPU: the view tracks
-each engine table and slot under the same name as an `_EngineTable`, which
-reads the TPU when saved and writes the TPU when restored, so a checkpoint
+each engine table and slot under the same name as an
+`EngineTableCheckpoint`, which reads the TPU when saved and writes the TPU
+when restored, so a checkpoint
 written on TPU restores on CPU and the other way round.
 """
 
@@ -20,60 +21,12 @@ from typing import Any
 from typing import Callable
 from typing import NamedTuple
 
-from keras_tpu_embed._compat import TFSaveSpec
-from keras_tpu_embed._compat import Trackable
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.layers import embedding_layers
 from keras_tpu_embed.loading import LOAD_ERRORS
 from keras_tpu_embed.loading import damaged_file_error
-
-
-class _EngineTable(Trackable):  # type: ignore[misc]
-    """One engine table or slot in a checkpoint, as it is on the TPU.
-
-    TF refreshes the mid-level object's host copies from the TPU before a
-    save, and loads them onto it after a restore, only when the mid-level
-    object itself is checkpointed, and the load only for files that a
-    mid-level object wrote (`tpu_embedding_v2.py`, the registered
-    "TPUEmbeddingCallback" saver). Tracking the host copies instead saved
-    stale values, and a file written on CPU never reached the TPU after its
-    first step. This reads and writes the TPU itself, through the engine
-    (before the first step a restore is held and loaded when TF creates the
-    tables; a save raises).
-    """
-
-    def __init__(self, engine: Any, table: str, slot: str) -> None:
-        self._engine = engine
-        self._table = table
-        self._slot = slot
-        self.shape = engine.table_slots(table)[slot]
-
-    def read(self) -> Any:
-        """The table or slot as it is on the TPU now."""
-        try:
-            values = self._engine.read_tables([self._table])
-        except RuntimeError as error:
-            raise ValueError(str(error)) from error
-        return tf.constant(values[(self._table, self._slot)])
-
-    def _serialize_to_tensors(self) -> dict[str, Any]:
-        # A callable: TF asks for the spec on restore as well, when the
-        # tables may not exist yet, and reads the value only to save it.
-        return {
-            "VARIABLE_VALUE": TFSaveSpec(
-                self.read,
-                "",
-                "VARIABLE_VALUE",
-                dtype=tf.float32,
-                device="/job:localhost/replica:0/task:0/device:CPU:0",
-            )
-        }
-
-    def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
-        value = restored_tensors["VARIABLE_VALUE"]
-        self._engine.write_tables({(self._table, self._slot): value.numpy()})
-        return tf.no_op()
+from keras_tpu_embed.lookup.embedding_core import EngineTableCheckpoint
 
 
 class EngineCheckpointView(tf.Module):  # type: ignore[misc]
@@ -156,7 +109,9 @@ def engine_checkpoint(model_or_layers: Any) -> Any:
                     else f"{config.name}/{slot}"
                 )
                 owners[config.name] = "the TPU embedding engine"
-                names.append((name, _EngineTable(engine, config.name, slot)))
+                names.append(
+                    (name, EngineTableCheckpoint(engine, config.name, slot))
+                )
     for layer, tables in local:
         for table in tables:
             if table.name in owners:
@@ -193,7 +148,7 @@ def _named_tables(view: EngineCheckpointView) -> list[_NamedTable]:
             name,
             list(variable.shape),
             variable.read
-            if isinstance(variable, _EngineTable)
+            if isinstance(variable, EngineTableCheckpoint)
             else functools.partial(tf.convert_to_tensor, variable),
         )
         for name, variable in view.named_variables()

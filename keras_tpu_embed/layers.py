@@ -39,6 +39,7 @@ from keras_tpu_embed.layer_io import check_output_mode
 from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
+from keras_tpu_embed.lookup.embedding_core import EngineTableCheckpoint
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.serialization import with_load_hint
 from keras_tpu_embed.serialization import without_load_hint
@@ -317,9 +318,22 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         )
         engine = getattr(self, "_engine", None)
         if engine is not None and engine.mid_level is not None:
-            # The engine owns this layer's tables: checkpoint it with them.
-            children["tpu_embedding"] = engine.mid_level
+            self._track_engine_tables(engine)
         return children
+
+    def _track_engine_tables(self, engine: registry.SharedEngine) -> None:
+        """Puts this layer's engine tables in `embedding_tables` under the
+        names a CPU layer gives its own (`<table>`, `<table>/<slot>`), read
+        from the TPU on save and written to it on restore, so that
+        `tf.train.Checkpoint(model=...)` moves between TPU and CPU models."""
+        module = self.embedding_tables
+        for table in engine.tables_of(self.name):
+            for slot in engine.table_slots(table):
+                name = table if slot == "parameters" else f"{table}/{slot}"
+                if not hasattr(module, name):
+                    setattr(
+                        module, name, EngineTableCheckpoint(engine, table, slot)
+                    )
 
     # ------------------------------------------------------------------- call
 

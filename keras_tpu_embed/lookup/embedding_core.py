@@ -38,6 +38,8 @@ from typing import Sequence
 
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed import update_rules
+from keras_tpu_embed._compat import TFSaveSpec
+from keras_tpu_embed._compat import Trackable
 from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
@@ -262,6 +264,14 @@ class SharedEngine:
         return EngineTables(self, member)
 
     # -------------------------------------------------------------- tables
+
+    def tables_of(self, layer_name: str) -> list[str]:
+        """The engine tables that the layer `layer_name` owns."""
+        return sorted(
+            table
+            for table, owner in self._table_owner.items()
+            if owner == layer_name
+        )
 
     def table_slots(self, table: str) -> dict[str, list[int]]:
         """`{"parameters": shape, <slot>: shape, ...}` of an engine table.
@@ -529,3 +539,50 @@ class EngineTables:
         return Activations(
             values=self.engine.activations(self._member, features)
         )
+
+
+class EngineTableCheckpoint(Trackable):  # type: ignore[misc]
+    """One engine table or slot in a checkpoint, as it is on the TPU.
+
+    TF refreshes the mid-level object's host copies from the TPU before a
+    save, and loads them onto it after a restore, only when the mid-level
+    object itself is checkpointed, and the load only for files that a
+    mid-level object wrote (`tpu_embedding_v2.py`, the registered
+    "TPUEmbeddingCallback" saver). Tracking the host copies instead saved
+    stale values, and a file written on CPU never reached the TPU after its
+    first step. This reads and writes the TPU itself, through the engine
+    (before the first step a restore is held and loaded when TF creates the
+    tables; a save raises).
+    """
+
+    def __init__(self, engine: Any, table: str, slot: str) -> None:
+        self._engine = engine
+        self._table = table
+        self._slot = slot
+        self.shape = engine.table_slots(table)[slot]
+
+    def read(self) -> Any:
+        """The table or slot as it is on the TPU now."""
+        try:
+            values = self._engine.read_tables([self._table])
+        except RuntimeError as error:
+            raise ValueError(str(error)) from error
+        return tf.constant(values[(self._table, self._slot)])
+
+    def _serialize_to_tensors(self) -> dict[str, Any]:
+        # A callable: TF asks for the spec on restore as well, when the
+        # tables may not exist yet, and reads the value only to save it.
+        return {
+            "VARIABLE_VALUE": TFSaveSpec(
+                self.read,
+                "",
+                "VARIABLE_VALUE",
+                dtype=tf.float32,
+                device="/job:localhost/replica:0/task:0/device:CPU:0",
+            )
+        }
+
+    def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
+        value = restored_tensors["VARIABLE_VALUE"]
+        self._engine.write_tables({(self._table, self._slot): value.numpy()})
+        return tf.no_op()

@@ -154,3 +154,17 @@ def test_save_weights_of_a_mixed_layer_carries_both_kinds(tmp_path):
     values = models.local_values(cpu)
     models.assert_values_equal(values, models.local_values(expected))
     models.assert_values_equal({name: values[name] for name in engine}, engine)
+
+
+def test_checkpoint_of_the_model_moves_engine_tables_to_cpu(tmp_path):
+    """`tf.train.Checkpoint(model=model)` names the engine's tables as a CPU
+    layer names its own: they were under the mid-level object's node, so a
+    CPU model's `read` matched nothing and kept its initial tables."""
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        model = models.build_emulated(strategy, "adagrad")
+        model.fit(models.batches(strategy), epochs=1, verbose=0)
+        path = tf.train.Checkpoint(model=model).write(str(tmp_path / "m"))
+        engine = models.engine_values(model)
+    cpu = models.build(models.OPTIMIZERS["adagrad"]())
+    tf.train.Checkpoint(model=cpu).read(path).assert_existing_objects_matched()
+    models.assert_values_equal(models.local_values(cpu), engine)
