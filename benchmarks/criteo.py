@@ -581,9 +581,14 @@ def main(argv: list[str] | None = None) -> None:
         result["serving"] = serving_latency(
             spec, batches, args.rounds, args.calls
         )
+    text = report(result)
     if args.json:
+        # `run.py` reads the last line of stdout as this process's result.
+        result["table"] = text
+        print(text, file=sys.stderr, flush=True)
         measure.emit(result)
-    print(report(result), flush=True)
+    else:
+        print(text, flush=True)
 
 
 if __name__ == "__main__":
