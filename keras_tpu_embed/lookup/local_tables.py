@@ -4,7 +4,9 @@ Every table that is not in the TPU embedding engine lives here, as the
 layer's own Keras variables (non-trainable for Keras: its optimizer must
 not touch them). Each call looks a table up on the device of the phase: the
 sparse lookup (`sparse.py`) or the dense XLA lookup (`dense_xla.py`); a
-serving trace on the host pads and compiles where it can (`padded_host.py`),
+serving trace on the host pads and compiles where it can (`padded_host.py`;
+all columns in one program when every column's ids are dense,
+`fused_host.py`),
 reading quantized copies of the tables if the export asks (`serving_tables`,
 `quantization.py`). In a training call the gathered rows pass through the
 gradient trap (`gradient_trap.py`), whose backward pass applies the
@@ -28,6 +30,7 @@ from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import training_device
 from keras_tpu_embed.lookup import dense_xla
+from keras_tpu_embed.lookup import fused_host
 from keras_tpu_embed.lookup import padded_host
 from keras_tpu_embed.lookup import replicas
 from keras_tpu_embed.lookup import sparse
@@ -158,6 +161,9 @@ class LocalTables:
         self, features: dict[str, Tensor], phase: Phase
     ) -> Activations:
         """Looks every table up; in training, its rows go through the trap."""
+        fused = self._fused_serving(features, phase)
+        if fused is not None:
+            return fused
         lookups = [
             self._lookup(table, features, phase.devices[table.name], phase)
             for table in self.tables
@@ -187,6 +193,36 @@ class LocalTables:
             )
             lengths.update(lookup.lengths)
         return Activations(values=values, lengths=lengths)
+
+    def _fused_serving(
+        self, features: dict[str, Tensor], phase: Phase
+    ) -> Activations | None:
+        """Serving on the host with every column's ids dense: one compiled
+        program for all of them (`fused_host.py`); None otherwise."""
+        if not phase.serving or phase.training:
+            return None
+        host = [
+            t for t in self.tables if phase.devices[t.name] is LookupDevice.CPU
+        ]
+        if len(host) != len(self.tables) or not fused_host.applies(
+            host, features, self.return_sequence_lengths
+        ):
+            return None
+        variables = [
+            self.serving_tables.get(t.name, self._variables[t.name].value)
+            for t in host
+        ]
+
+        def per_column() -> dict[str, Tensor]:
+            values: dict[str, Tensor] = {}
+            for table, variable in zip(host, variables):
+                lookup = padded_host.PaddedHostLookup(table, features, False)
+                values.update(lookup.outputs(variable, compiled=True))
+            return values
+
+        return Activations(
+            values=fused_host.outputs(host, features, variables, per_column)
+        )
 
     def _lookup(
         self,

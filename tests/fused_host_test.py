@@ -1,0 +1,171 @@
+"""`cpu` serving of dense ids: one compiled program for every column."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+from keras_tpu_embed.lookup import fused_host
+from keras_tpu_embed.lookup import padded_host
+
+
+def _programs(concrete):
+    """How many XLA-compiled functions a serving graph holds."""
+    library = concrete.graph.as_graph_def().library
+    return sum(
+        1
+        for f in library.function
+        if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b
+    )
+
+
+def _columns():
+    ident = kte.categorical_column_with_identity
+    shared = kte.shared_embedding_columns(
+        [ident("a", 30), ident("b", 30)], 4, combiner="sum"
+    )
+    return [
+        *shared,
+        kte.embedding_column(
+            kte.weighted_categorical_column(ident("c", 20), "c_w"),
+            3,
+            combiner="sqrtn",
+        ),
+        kte.embedding_column(
+            ident("d", 10, default_value=2), 5, combiner="mean", max_norm=0.5
+        ),
+        kte.embedding_column(
+            kte.sequence_categorical_column_with_identity("s", 15),
+            2,
+            max_sequence_length=3,
+        ),
+    ]
+
+
+def _features(batch=4, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def ids(vocabulary, width):
+        values = rng.integers(-1, vocabulary, size=(batch, width))
+        return tf.constant(values, tf.int64)
+
+    return {
+        "a": ids(30, 1)[:, 0],  # rank 1: one id per example
+        "b": ids(30, 3),
+        "c": ids(20, 4),
+        "c_w": tf.constant(rng.uniform(-1, 2, (batch, 4)), tf.float32),
+        # Out-of-range and negative ids: the default_value maps them.
+        "d": tf.constant(rng.integers(-3, 14, (batch, 2)), tf.int32),
+        "s": ids(15, 5),
+    }
+
+
+def _serving(layer, features):
+    """The serving function, for any batch size and width."""
+    specs = {
+        k: tf.TensorSpec([None] * v.shape.rank, v.dtype)
+        for k, v in features.items()
+    }
+    with layer.serving_lookups():
+        return tf.function(
+            lambda f: layer(f, training=False)
+        ).get_concrete_function(specs)
+
+
+def test_every_dense_column_serves_in_one_program(monkeypatch):
+    layer = kte.TPUEmbeddingLayer(_columns())
+    features = _features()
+    layer(features)
+    programs = []
+    runs = tf.Variable(0)
+    original = fused_host._program
+
+    def recording(plan):
+        program = original(plan)
+        programs.append(sorted(column.name for _, column, _ in plan))
+
+        def run(inputs):
+            # Counted only in the branch that runs (a cond traces both).
+            with tf.control_dependencies([runs.assign_add(1)]):
+                return program(inputs)
+
+        return run
+
+    monkeypatch.setattr(fused_host, "_program", recording)
+    _serving(layer, features)(features)
+    assert programs == [sorted(expected_names(layer))]
+    assert int(runs.numpy()) == 1
+
+
+def expected_names(layer):
+    return [c.name for t in layer._local.tables for c in t.columns]
+
+
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_one_program_answers_as_the_training_lookup(batch, monkeypatch):
+    layer = kte.TPUEmbeddingLayer(_columns())
+    features = _features(batch, seed=batch)
+    expected = layer(features, training=False)
+
+    # The per-column path returns NaN: equal answers mean it did not run.
+    def poisoned(*args, **kwargs):
+        device = original(*args, **kwargs)
+        return lambda *a: device(*a) + float("nan")
+
+    original = padded_host._device_part
+    monkeypatch.setattr(padded_host, "_device_part", poisoned)
+    served = _serving(layer, features)(features)
+    assert sorted(served) == sorted(expected)
+    for name, want in expected.items():
+        np.testing.assert_allclose(
+            served[name].numpy(), want.numpy(), atol=1e-6, err_msg=name
+        )
+
+
+def test_ids_out_of_range_raise_naming_their_feature():
+    layer = kte.TPUEmbeddingLayer(_columns())
+    features = _features()
+    layer(features)
+    serve = _serving(layer, features)
+    bad = dict(features, c=tf.constant([[1, 25, -1, 0]] * 4, tf.int64))
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Feature .{1,2}c.{1,2} \(table .{1,2}c_weighted_by_c_w.{1,2}\)",
+    ):
+        serve(bad)
+
+
+def test_non_finite_weights_raise_naming_their_feature():
+    layer = kte.TPUEmbeddingLayer(_columns())
+    features = _features()
+    layer(features)
+    serve = _serving(layer, features)
+    weights = np.ones((4, 4), np.float32)
+    weights[2, 1] = np.inf
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Weight feature .{1,2}c_w.{1,2} holds NaN or inf",
+    ):
+        serve(dict(features, c_w=tf.constant(weights)))
+
+
+def test_weights_of_another_shape_raise():
+    layer = kte.TPUEmbeddingLayer(_columns())
+    features = _features()
+    layer(features)
+    serve = _serving(layer, features)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"c_w.{1,2} must have exactly"
+    ):
+        serve(dict(features, c_w=tf.ones([4, 3])))
+
+
+def test_sparse_ids_or_sequence_lengths_keep_the_per_column_path():
+    columns = _columns()
+    features = _features()
+    tables = kte.TPUEmbeddingLayer(columns)
+    tables(features)
+    local = tables._local.tables
+    sparse = dict(features, b=tf.sparse.from_dense(features["b"]))
+    assert not fused_host.applies(local, sparse, False)
+    assert not fused_host.applies(local, features, True)
