@@ -258,3 +258,178 @@ def test_lookup_equals_one_device(sc_per_chip):
         np.testing.assert_allclose(
             activations[name], expected[name], atol=1e-6, err_msg=name
         )
+
+
+# ------------------------------------------------------------- training
+
+STEPS = 3
+
+# name -> (TF optimizer, its slot names, numpy update of one row). The
+# numpy rules are the ones `optimization_parameters.proto` documents for
+# the TPU embedding engine, written here from that text: Adam without bias
+# correction (the proto asks users to fold it into the learning rate), FTRL
+# FTRL-Proximal with `beta` added to the denominator.
+
+
+def _sgd(rate, w, slots, g):
+    return w - rate * g, {}
+
+
+def _adagrad(rate, w, slots, g):
+    accumulators = slots["accumulators"] + g * g
+    return w - rate * g / np.sqrt(accumulators), {"accumulators": accumulators}
+
+
+def _adagrad_momentum(rate, w, slots, g, momentum=0.5, exponent=2.0):
+    accumulators = slots["accumulators"] + g * g  # beta2 = 1
+    scaled = (accumulators + 1e-10) ** (-1.0 / exponent) * g
+    momenta = momentum * slots["momenta"] + scaled
+    return w - rate * momenta, {
+        "accumulators": accumulators,
+        "momenta": momenta,
+    }
+
+
+def _adam(rate, w, slots, g, beta_1=0.9, beta_2=0.99, epsilon=1e-3):
+    momenta = beta_1 * slots["momenta"] + (1 - beta_1) * g
+    velocities = beta_2 * slots["velocities"] + (1 - beta_2) * g * g
+    # sum_inside_sqrt=True, TF's default
+    update = momenta / np.sqrt(velocities + epsilon**2)
+    return w - rate * update, {"momenta": momenta, "velocities": velocities}
+
+
+def _ftrl(rate, w, slots, g, l1=0.01, l2=0.02, beta=0.3, power=-0.5):
+    accumulators = slots["accumulators"] + g * g
+    sigma = (accumulators ** (-power) - slots["accumulators"] ** (-power)) / (
+        rate
+    )
+    linears = slots["linears"] + g - sigma * w
+    quadratic = accumulators ** (-power) / rate + beta / rate + 2 * l2
+    new = np.where(
+        np.abs(linears) > l1, (np.sign(linears) * l1 - linears) / quadratic, 0
+    )
+    return new, {"accumulators": accumulators, "linears": linears}
+
+
+OPTIMIZERS = {
+    "sgd": (lambda: EMB.SGD(0.5), _sgd, 0.5),
+    "adagrad": (lambda: EMB.Adagrad(0.3), _adagrad, 0.3),
+    "adagrad_momentum": (
+        lambda: EMB.AdagradMomentum(0.2, momentum=0.5),
+        _adagrad_momentum,
+        0.2,
+    ),
+    "adam": (
+        lambda: EMB.Adam(0.05, beta_1=0.9, beta_2=0.99, epsilon=1e-3),
+        _adam,
+        0.05,
+    ),
+    "ftrl": (
+        lambda: EMB.FTRL(
+            0.4,
+            l1_regularization_strength=0.01,
+            l2_regularization_strength=0.02,
+            beta=0.3,
+        ),
+        _ftrl,
+        0.4,
+    ),
+}
+
+
+def _targets():
+    rng = np.random.default_rng(7)
+    return {name: rng.normal(size=(GLOBAL, DIM)) for name in FEATURES}
+
+
+def _reference_step(tables, slots, batch, targets, rule, rate):
+    """One step on one device: the loss sum((a - t)^2) / GLOBAL, the
+    gradient of every id summed per row over the global batch, the
+    optimizer applied to each row that was looked up."""
+    activations = _reference_lookup(tables, batch)
+    gradients = {t: np.zeros_like(v) for t, v in tables.items()}
+    touched = {t: set() for t in tables}
+    for name, (table, _, _) in FEATURES.items():
+        d_activation = 2 * (activations[name] - targets[name]) / GLOBAL
+        for sample, (ids, weights) in enumerate(batch[name]):
+            weights = weights.astype(np.float64)
+            if COMBINER[table] == "mean" and len(ids):
+                weights = weights / weights.sum()
+            if COMBINER[table] == "sqrtn" and len(ids):
+                weights = weights / np.sqrt((weights**2).sum())
+            for row, weight in zip(ids, weights):
+                gradients[table][row] += weight * d_activation[sample]
+                touched[table].add(int(row))
+    for table in tables:
+        for row in touched[table]:
+            row_slots = {s: v[table][row] for s, v in slots.items()}
+            new, new_slots = rule(
+                rate, tables[table][row], row_slots, gradients[table][row]
+            )
+            tables[table][row] = new
+            for slot, value in new_slots.items():
+                slots[slot][table][row] = value
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_training_equals_one_device(optimizer):
+    make, rule, rate = OPTIMIZERS[optimizer]
+    targets = _targets()
+    with emulated_tpu(REPLICAS, embedding_feature="V2") as strategy:
+        mid_level = _mid_level(strategy, make())
+        slot_names = sorted(
+            set(mid_level.variables["item_tag_user"]) - {"parameters"}
+        )
+        tables = _unsharded(mid_level)
+        slots = {slot: _unsharded(mid_level, slot) for slot in slot_names}
+        initial = {name: value.copy() for name, value in tables.items()}
+
+        @tf.function
+        def train(inputs, targets):
+            def step(inputs, targets):
+                features, weights = inputs
+                activations, preserved = mid_level(features, weights)
+                gradients = {
+                    name: 2 * (activations[name] - targets[name]) / GLOBAL
+                    for name in activations
+                }
+                mid_level.apply_gradients(gradients, preserved)
+
+            strategy.run(step, args=(inputs, targets))
+
+        per_replica_targets = (
+            strategy.experimental_distribute_values_from_function(
+                lambda context: {
+                    name: tf.constant(
+                        value[
+                            context.replica_id_in_sync_group * BATCH : (
+                                context.replica_id_in_sync_group + 1
+                            )
+                            * BATCH
+                        ],
+                        tf.float32,
+                    )
+                    for name, value in targets.items()
+                }
+            )
+        )
+        for step in range(STEPS):
+            batch = _global_batch(seed=100 + step)
+            train(_distributed_inputs(strategy, batch), per_replica_targets)
+            _reference_step(tables, slots, batch, targets, rule, rate)
+        trained = _unsharded(mid_level)
+        trained_slots = {s: _unsharded(mid_level, s) for s in slot_names}
+    for table, value in trained.items():
+        assert np.abs(value - initial[table]).max() > 1e-2, table
+        np.testing.assert_allclose(
+            value, tables[table], atol=1e-5, rtol=0, err_msg=table
+        )
+    for slot, values in trained_slots.items():
+        for table, value in values.items():
+            np.testing.assert_allclose(
+                value,
+                slots[slot][table],
+                atol=1e-5,
+                rtol=0,
+                err_msg=f"{slot} of {table}",
+            )
