@@ -69,6 +69,10 @@ from tensorflow.python.ops import (  # noqa: E402
 )
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_feature_column_v2  # noqa: E402
 from tensorflow.python.tpu import tpu_replication as tf_tpu_replication  # noqa: E402
+
+# The SparseCore ops of `TPUEmbeddingV2`, which TF looks up by name in this
+# module at each call (`keras_tpu_embed.testing.emulated_sparsecore`).
+from tensorflow.python.tpu.ops import gen_xla_ops as tf_gen_xla_ops  # noqa: E402
 from tensorflow.python.tpu.ops import tpu_ops as tf_tpu_ops  # noqa: E402
 from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
     SaveSpec as TFSaveSpec,
@@ -124,6 +128,7 @@ __all__ = [
     "tf_ops",
     "tf_resource_variable_ops",
     "tf_tpu_ops",
+    "tf_gen_xla_ops",
     "tf_tpu_replication",
     "tf_tpu_strategy",
     "tf_tpu_util",

@@ -23,6 +23,13 @@ Only the chip is replaced (`emulated_chip.py`): the engine's device ops run
 as CPU kernels that combine rows and apply the optimizer of TF's config
 proto (`engine_rules.py`).
 
+Under `embedding_feature="V2"` (SparseCore, v5p/v6e) the mid-level object
+is TF's own `tf.tpu.experimental.embedding.TPUEmbeddingV2`: its table
+stacking, its variables sharded over the chips, its input preprocessing
+and `apply_gradients` run unmodified; only its SparseCore ops are CPU
+kernels (`emulated_sparsecore.py`). Nothing of it has run on a SparseCore
+TPU; `docs/tpu.md` lists where it may differ.
+
 What the emulation cannot tell you: XLA's lowering for TPU, the chip's own
 numerics and speed, the real input pipeline of a TPU host, and a real
 multi-host pod (hosts are emulated by several logical CPUs of one
@@ -36,16 +43,19 @@ from typing import Any
 from typing import Iterator
 from typing import Literal
 
+import numpy as np
 from tensorflow.core.framework import attr_value_pb2
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_control_flow_ops as control_flow_ops
+from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
 from keras_tpu_embed._compat import tf_mirrored_strategy as mirrored_strategy
 from keras_tpu_embed._compat import tf_ops as ops
 from keras_tpu_embed._compat import tf_tpu_replication as tpu_replication
 from keras_tpu_embed._compat import tf_tpu_strategy as tpu_strategy
 from keras_tpu_embed._compat import tf_tpu_util as tpu_util
 from keras_tpu_embed.testing.emulated_chip import EmulatedChip
+from keras_tpu_embed.testing.emulated_sparsecore import EmulatedSparseCore
 
 EmbeddingFeature = Literal["V1", "V2", "UNSUPPORTED"]
 EMBEDDING_FEATURES: tuple[str, ...] = ("V1", "V2", "UNSUPPORTED")
@@ -100,6 +110,23 @@ class _ReplicateContext(tpu_replication.TPUReplicateContext):  # type: ignore[mi
     def report_unsupported_operations(self) -> None:
         pass
 
+    def get_replicated_var_handle(  # TF's name
+        self,
+        name: str,
+        handle_id: str,
+        vars_: list[Any],
+        is_mirrored: bool = False,
+        is_packed: bool = False,
+    ) -> Any:
+        """The handle of this replica's own copy (or shard) of a variable.
+
+        On a TPU the replicated input feeds each core its own component;
+        `TPUEmbeddingV2`'s sharded tables read and assign their local shard
+        through it.
+        """
+        context = distribute_lib.get_replica_context()
+        return vars_[context._replica_id_in_sync_group].handle
+
 
 def _mark_direct_input(value: Any) -> Any:
     """What `tpu.replicate` does to each input: an identity, marked."""
@@ -131,6 +158,18 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
         self._hardware_feature = _HardwareFeature(embedding_feature)
         # The TPU step has static shapes (TPUExtended says the same).
         self._require_static_shapes = True
+
+    @property
+    def _tpu_devices(self) -> Any:
+        """TPUExtended's device grid: one logical core per replica."""
+        return np.array([[d] for d in self.worker_devices], dtype=object)
+
+    def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
+        # TPUExtended's rule: a sharded creator (TPU embedding tables) asks
+        # for plain variables on the devices it picks.
+        if kwargs.pop("skip_mirrored_creator", False):
+            return next_creator(**kwargs)
+        return super()._create_variable(next_creator, **kwargs)
 
     @property
     def num_hosts(self) -> int:
@@ -268,6 +307,15 @@ def emulated_tpu(
     chip's embedding ops are CPU kernels. Leaving the block shuts the
     emulated system down.
 
+    `"V2"` is a TPU with SparseCores (4 per chip, as on v5p): TF's own
+    `tf.tpu.experimental.embedding.TPUEmbeddingV2` runs under it (table
+    stacking, sharded variables, input preprocessing, lookups and
+    `apply_gradients`); only its SparseCore ops are CPU kernels
+    (`emulated_sparsecore.py`). A v6e has 2 SparseCores per chip: set
+    `strategy.extended.tpu_hardware_feature.num_embedding_devices_per_chip
+    = 2` before constructing `TPUEmbeddingV2` to emulate one. None of this
+    has run on a SparseCore TPU (`docs/tpu.md` says where it may differ).
+
     Args:
         num_replicas: TPU cores (replicas), >= 1. Each is a logical CPU
             device; they are configured here when TensorFlow has not
@@ -285,7 +333,7 @@ def emulated_tpu(
     Raises:
         ValueError: a bad argument, named.
         RuntimeError: TensorFlow already runs with too few CPU devices.
-        NotImplementedError: `"V2"` or several hosts, not emulated yet.
+        NotImplementedError: several hosts, not emulated yet.
 
     Example:
 
@@ -327,18 +375,15 @@ def emulated_tpu(
             f"{EMBEDDING_FEATURES}. Received: "
             f"embedding_feature={embedding_feature!r}"
         )
-    if embedding_feature == "V2":
-        raise NotImplementedError(
-            "emulated_tpu(embedding_feature='V2'): SparseCore "
-            "(TPUEmbeddingV2) is not emulated in this release."
-        )
     if num_hosts > 1:
         raise NotImplementedError(
             f"emulated_tpu(num_hosts={num_hosts}): only one host is "
             "emulated in this release."
         )
     devices = _cpu_devices(num_replicas)
-    chip = EmulatedChip()
+    chip: EmulatedChip | EmulatedSparseCore = (
+        EmulatedSparseCore() if embedding_feature == "V2" else EmulatedChip()
+    )
     undo = chip.install()
     try:
         strategy = EmulatedTPUStrategy(devices, num_hosts, embedding_feature)
