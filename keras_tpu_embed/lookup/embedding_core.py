@@ -45,6 +45,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import engine_checks
+from keras_tpu_embed.lookup import sparsecore
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
@@ -184,6 +185,9 @@ class SharedEngine:
                 already registered; the message says how to fix the model.
         """
         if self.hardware is EmbeddingHardware.V2:
+            sparsecore.refuse_what_sparse_core_cannot_honour(
+                layer_name, columns, config, step=step.value
+            )
             engine_checks.refuse_sparse_core(layer_name, columns)
         if self._step_count:
             raise RuntimeError(
