@@ -36,10 +36,12 @@ from typing import Any
 from typing import Iterator
 from typing import Literal
 
+import numpy as np
 from tensorflow.core.framework import attr_value_pb2
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_control_flow_ops as control_flow_ops
+from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
 from keras_tpu_embed._compat import tf_mirrored_strategy as mirrored_strategy
 from keras_tpu_embed._compat import tf_ops as ops
 from keras_tpu_embed._compat import tf_tpu_replication as tpu_replication
@@ -100,6 +102,23 @@ class _ReplicateContext(tpu_replication.TPUReplicateContext):  # type: ignore[mi
     def report_unsupported_operations(self) -> None:
         pass
 
+    def get_replicated_var_handle(  # TF's name
+        self,
+        name: str,
+        handle_id: str,
+        vars_: list[Any],
+        is_mirrored: bool = False,
+        is_packed: bool = False,
+    ) -> Any:
+        """The handle of this replica's own copy (or shard) of a variable.
+
+        On a TPU the replicated input feeds each core its own component;
+        `TPUEmbeddingV2`'s sharded tables read and assign their local shard
+        through it.
+        """
+        context = distribute_lib.get_replica_context()
+        return vars_[context._replica_id_in_sync_group].handle
+
 
 def _mark_direct_input(value: Any) -> Any:
     """What `tpu.replicate` does to each input: an identity, marked."""
@@ -131,6 +150,18 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
         self._hardware_feature = _HardwareFeature(embedding_feature)
         # The TPU step has static shapes (TPUExtended says the same).
         self._require_static_shapes = True
+
+    @property
+    def _tpu_devices(self) -> Any:
+        """TPUExtended's device grid: one logical core per replica."""
+        return np.array([[d] for d in self.worker_devices], dtype=object)
+
+    def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
+        # TPUExtended's rule: a sharded creator (TPU embedding tables) asks
+        # for plain variables on the devices it picks.
+        if kwargs.pop("skip_mirrored_creator", False):
+            return next_creator(**kwargs)
+        return super()._create_variable(next_creator, **kwargs)
 
     @property
     def num_hosts(self) -> int:
@@ -268,6 +299,10 @@ def emulated_tpu(
     chip's embedding ops are CPU kernels. Leaving the block shuts the
     emulated system down.
 
+    `"V2"` is a TPU with SparseCores (4 per chip, as on v5p): TF's own
+    `tf.tpu.experimental.embedding.TPUEmbeddingV2` constructs and builds
+    its stacked tables, sharded over the emulated SparseCores.
+
     Args:
         num_replicas: TPU cores (replicas), >= 1. Each is a logical CPU
             device; they are configured here when TensorFlow has not
@@ -285,7 +320,7 @@ def emulated_tpu(
     Raises:
         ValueError: a bad argument, named.
         RuntimeError: TensorFlow already runs with too few CPU devices.
-        NotImplementedError: `"V2"` or several hosts, not emulated yet.
+        NotImplementedError: several hosts, not emulated yet.
 
     Example:
 
@@ -326,11 +361,6 @@ def emulated_tpu(
             "Invalid value for argument `embedding_feature`. Expected one of "
             f"{EMBEDDING_FEATURES}. Received: "
             f"embedding_feature={embedding_feature!r}"
-        )
-    if embedding_feature == "V2":
-        raise NotImplementedError(
-            "emulated_tpu(embedding_feature='V2'): SparseCore "
-            "(TPUEmbeddingV2) is not emulated in this release."
         )
     if num_hosts > 1:
         raise NotImplementedError(
