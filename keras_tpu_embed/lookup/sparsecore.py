@@ -18,6 +18,9 @@ string: `sum`, `mean` and `sqrtn` are TF's built-in three.
 `refuse_what_sparse_core_cannot_honour` says each of these at build, by
 column, with what to do instead: a table trained without a clip it was
 given would answer differently from the same model on CPU.
+`SparseCoreEngine` is the engine of `embedding_core.py` (one per strategy,
+every layer receiving every engine feature, the gradient trap) driving
+`TPUEmbeddingV2`; `embedding_core.engine_for` routes V2 strategies to it.
 """
 
 from __future__ import annotations
@@ -25,10 +28,18 @@ from __future__ import annotations
 from typing import Any
 from typing import Sequence
 
+import numpy as np
+
+from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
+from keras_tpu_embed.lookup import sparsecore_layout
+from keras_tpu_embed.lookup.embedding_core import EngineTables
+from keras_tpu_embed.lookup.embedding_core import SharedEngine
+from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.tpu_conversion import to_tpu_feature_configs
+from keras_tpu_embed.types import Tensor
 
 # `TPUEmbeddingV2.apply_gradients` has one update op for each of these.
 _V2_OPTIMIZERS = ("SGD", "Adagrad", "AdagradMomentum", "Adam", "FTRL")
@@ -168,3 +179,232 @@ def refuse_what_sparse_core_cannot_honour(
             + "\n".join(lines)
             + f"\nFix each as said, or {_WHAT_WORKS}."
         )
+
+
+def _output_shape(feature: Any, batch: int) -> list[int]:
+    """Per replica: `[batch]`, or `[batch, max_sequence_length]` for a
+    sequence feature (one sample per position, see `_positions_as_samples`).
+    """
+    if feature.max_sequence_length > 0:
+        return [batch, feature.max_sequence_length]
+    return [batch]
+
+
+def _positions_as_samples(
+    ids: Tensor, weights: Tensor | None, length: int, batch: int
+) -> tuple[Tensor, Tensor | None]:
+    """Sequence ids `[batch, n]` as `[batch * length, 1]` sparse samples.
+
+    `TPUEmbeddingV2` ignores `max_sequence_length`: it combines each sample
+    (row) of a feature into one vector and reshapes the feature's samples
+    to its `output_shape`. So position `p` of example `b` is fed as sample
+    `b * length + p`, positions from `length` on are dropped here, on the
+    host, as the host path truncates them (`lookup/sparse.py`, `sequence`:
+    one segment per position, combined with the column's combiner), and
+    the `[batch, length]` output shape gives `[batch, length, dim]`, zero
+    where a position holds no id.
+    """
+
+    def as_sparse(value: Tensor) -> Any:
+        if isinstance(value, tf.RaggedTensor):
+            return value.to_sparse()
+        return value
+
+    ids = as_sparse(ids)
+    keep = ids.indices[:, 1] < length
+    kept = tf.boolean_mask(ids.indices, keep)
+    samples = kept[:, 0] * length + kept[:, 1]
+    indices = tf.stack([samples, tf.zeros_like(samples)], axis=1)
+    shape = tf.constant([batch * length, 1], tf.int64)
+    sparse_ids = tf.SparseTensor(
+        indices, tf.boolean_mask(ids.values, keep), shape
+    )
+    if weights is None:
+        return sparse_ids, None
+    weights = as_sparse(weights)
+    return sparse_ids, tf.SparseTensor(
+        indices, tf.boolean_mask(weights.values, keep), shape
+    )
+
+
+class SparseCoreEngine(SharedEngine):
+    """The engine rules of `SharedEngine`, driving `TPUEmbeddingV2`.
+
+    One per strategy, every layer receiving every engine feature, one
+    lookup per step inside the gradient trap, exactly as on V1. What
+    differs is TF's V2 API:
+
+    - `TPUEmbeddingV2` stacks tables by per-replica sample count at
+      construction, so it is made at the first step, when the per-replica
+      batch is known, with each feature's `output_shape` (keras-rs sets
+      them before its constructor too, `DistributedEmbedding.
+      _sparsecore_init`);
+    - the lookup is one call, `mid_level(features, weights)`, that returns
+      the activations and the preprocessed inputs, which the trap's
+      backward pass hands to `apply_gradients(gradients,
+      preserved_outputs)` (as keras-rs' `_tpu_embedding_lookup_v2`); no
+      named enqueue, so evaluate and predict simply do not call it;
+    - sequence features are truncated on the host and fed one sample per
+      position (`_positions_as_samples`);
+    - tables are stacked and sharded: `read_tables` / `write_tables`
+      convert to and from the per-table layout (`sparsecore_layout.py`).
+    """
+
+    def register(
+        self,
+        layer_name: str,
+        columns: Sequence[AnyEmbeddingColumn],
+        input_keys: frozenset[str] | None,
+        *,
+        config: EmbeddingConfig,
+        step: Any,
+        trigger: Any,
+        counts_step: bool,
+    ) -> EngineTables:
+        """`SharedEngine.register`, after refusing what V2 cannot honour."""
+        refuse_what_sparse_core_cannot_honour(
+            layer_name, columns, config, step=step.value
+        )
+        return super().register(
+            layer_name,
+            columns,
+            input_keys,
+            config=config,
+            step=step,
+            trigger=trigger,
+            counts_step=counts_step,
+        )
+
+    def _make_mid_level(self) -> Any:
+        # Made at the first step (`_mid_level_for`): the per-replica batch
+        # is not known before.
+        return None
+
+    def _mid_level_for(self, batch: int) -> Any:
+        if self._mid_level is not None:
+            return self._mid_level
+        embedding = tf.tpu.experimental.embedding
+        features = {
+            name: embedding.FeatureConfig(
+                table=feature.table,
+                max_sequence_length=feature.max_sequence_length,
+                output_shape=_output_shape(feature, batch),
+                name=feature.name,
+            )
+            for name, feature in self._feature_configs.items()
+        }
+        mid_level = tpu_hardware.mid_level_class(self.hardware)(
+            feature_config=features,
+            optimizer=self._optimizer,
+            pipeline_execution_with_tensor_core=bool(self._pipeline),
+            # Automatic stacking of tables of one width and optimizer; ids
+            # over the static buffers raise rather than being dropped.
+            sparse_core_embedding_config=embedding.SparseCoreEmbeddingConfig(
+                disable_table_stacking=False, allow_id_dropping=False
+            ),
+        )
+        self._mid_level = mid_level
+        with tf.init_scope():
+            mid_level.build()
+            if self._pending:
+                self._load_pending()
+        return mid_level
+
+    def _samples(
+        self,
+        features: dict[str, Tensor],
+        weights: dict[str, Tensor | None] | None,
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor | None] | None]:
+        """The inputs as `TPUEmbeddingV2` samples: sequence features one
+        sample per position, truncated."""
+        batch = int(self._batch_size or 0)
+        samples = dict(features)
+        sample_weights = None if weights is None else dict(weights)
+        for name, feature in self._feature_configs.items():
+            if feature.max_sequence_length > 0:
+                ids, weight = _positions_as_samples(
+                    features[name],
+                    None if weights is None else weights[name],
+                    feature.max_sequence_length,
+                    batch,
+                )
+                samples[name] = ids
+                if sample_weights is not None:
+                    sample_weights[name] = weight
+        return samples, sample_weights
+
+    def _dequeue_with_trap(
+        self,
+        name: str,
+        features: dict[str, Tensor],
+        weights: dict[str, Tensor | None] | None,
+    ) -> list[Tensor]:
+        """The V2 lookup inside the gradient trap; its backward pass calls
+        `apply_gradients` with the lookup's preprocessed inputs."""
+        mid_level = self._mid_level_for(int(self._batch_size or 0))
+        samples, sample_weights = self._samples(features, weights)
+        preserved: dict[str, Any] = {}
+
+        def lookup() -> list[Tensor]:
+            activations, outputs = mid_level(samples, sample_weights)
+            preserved["outputs"] = outputs
+            return list(tf.nest.flatten(activations))
+
+        def apply_gradients(gradients: list[Tensor]) -> Tensor:
+            packed = self._scaled_gradients(
+                tf.nest.pack_sequence_as(self._feature_configs, gradients)
+            )
+            mid_level.apply_gradients(
+                packed, preserved_outputs=preserved["outputs"]
+            )
+            return self._count_step()
+
+        return trap_gradients(
+            lookup,
+            [member.trigger.value for member in self._members],
+            apply_gradients,
+        )
+
+    # -------------------------------------------------------------- tables
+
+    def _stacked(self, stack: str, slot: str) -> np.ndarray:
+        """A stacked table or slot, every shard in order."""
+        variable = self._mid_level.variables[stack][slot]
+        return np.concatenate([np.asarray(v.numpy()) for v in variable.values])
+
+    def _read_created(
+        self, keys: list[tuple[str, str]]
+    ) -> dict[tuple[str, str], Any]:
+        layouts = self._mid_level.embedding_layouts
+        stacked: dict[tuple[str, str], np.ndarray] = {}
+        values = {}
+        for table, slot in keys:
+            layout = layouts[table]
+            key = (layout.stacked_table_name, slot)
+            if key not in stacked:
+                stacked[key] = self._stacked(*key)
+            values[(table, slot)] = sparsecore_layout.unstack_table(
+                stacked[key], layout
+            )
+        return values
+
+    def _load_pending(self) -> None:
+        layouts = self._mid_level.embedding_layouts
+        by_stack: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
+        for (table, slot), value in self._pending.items():
+            layout = layouts[table]
+            by_stack.setdefault((layout.stacked_table_name, slot), []).append(
+                (layout, value)
+            )
+        for (stack, slot), tables in by_stack.items():
+            value = self._stacked(stack, slot)
+            for layout, table_value in tables:
+                value = sparsecore_layout.restack_table(
+                    value, table_value, layout
+                )
+            start = 0
+            for shard in self._mid_level.variables[stack][slot].values:
+                rows = int(shard.shape[0])
+                shard.assign(value[start : start + rows])
+                start += rows
+        self._pending = {}
