@@ -73,6 +73,10 @@ from tensorflow.python.tpu import (  # noqa: E402
     tpu_embedding_v3_utils as tf_tpu_embedding_v3_utils,
 )
 from tensorflow.python.tpu import tpu_replication as tf_tpu_replication  # noqa: E402
+
+# The SparseCore ops of `TPUEmbeddingV2`, which TF looks up by name in this
+# module at each call (`keras_tpu_embed.testing.emulated_sparsecore`).
+from tensorflow.python.tpu.ops import gen_xla_ops as tf_gen_xla_ops  # noqa: E402
 from tensorflow.python.tpu.ops import tpu_ops as tf_tpu_ops  # noqa: E402
 from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
     SaveSpec as TFSaveSpec,
@@ -129,6 +133,7 @@ __all__ = [
     "tf_ops",
     "tf_resource_variable_ops",
     "tf_tpu_ops",
+    "tf_gen_xla_ops",
     "tf_tpu_replication",
     "tf_tpu_embedding_v3",
     "tf_tpu_embedding_v3_utils",

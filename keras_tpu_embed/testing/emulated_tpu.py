@@ -48,6 +48,7 @@ from keras_tpu_embed._compat import tf_tpu_replication as tpu_replication
 from keras_tpu_embed._compat import tf_tpu_strategy as tpu_strategy
 from keras_tpu_embed._compat import tf_tpu_util as tpu_util
 from keras_tpu_embed.testing.emulated_chip import EmulatedChip
+from keras_tpu_embed.testing.emulated_sparsecore import EmulatedSparseCore
 
 EmbeddingFeature = Literal["V1", "V2", "UNSUPPORTED"]
 EMBEDDING_FEATURES: tuple[str, ...] = ("V1", "V2", "UNSUPPORTED")
@@ -300,8 +301,10 @@ def emulated_tpu(
     emulated system down.
 
     `"V2"` is a TPU with SparseCores (4 per chip, as on v5p): TF's own
-    `tf.tpu.experimental.embedding.TPUEmbeddingV2` constructs and builds
-    its stacked tables, sharded over the emulated SparseCores.
+    `tf.tpu.experimental.embedding.TPUEmbeddingV2` runs under it (table
+    stacking, sharded variables, input preprocessing, lookups and
+    `apply_gradients`); only its SparseCore ops are CPU kernels
+    (`emulated_sparsecore.py`).
 
     Args:
         num_replicas: TPU cores (replicas), >= 1. Each is a logical CPU
@@ -368,7 +371,9 @@ def emulated_tpu(
             "emulated in this release."
         )
     devices = _cpu_devices(num_replicas)
-    chip = EmulatedChip()
+    chip: EmulatedChip | EmulatedSparseCore = (
+        EmulatedSparseCore() if embedding_feature == "V2" else EmulatedChip()
+    )
     undo = chip.install()
     try:
         strategy = EmulatedTPUStrategy(devices, num_hosts, embedding_feature)
