@@ -306,9 +306,30 @@ class SparseCoreEngine(SharedEngine):
         self._mid_level = mid_level
         with tf.init_scope():
             mid_level.build()
-            if self._pending:
-                self._load_pending()
+            self._pending = {**self._initial_tables(), **self._pending}
+            self._load_pending()
         return mid_level
+
+    def _initial_tables(self) -> dict[tuple[str, str], Any]:
+        """Each table as its initializer makes it on one device.
+
+        `TPUEmbeddingV2` initializes the stacked variable per SparseCore
+        shard, calling each table's initializer for its padded shape
+        (`_create_variables`, `table_initialize_fn_non_batch`): a Keras
+        initializer's values depend on the shape, so the tables would not
+        start where the same columns' tables start on CPU. They are
+        written here, in the SparseCore layout, after TF built them; the
+        slots keep TF's initial values (constants).
+        """
+        tables = {f.table.name: f.table for f in self._feature_configs.values()}
+        return {
+            (name, "parameters"): np.asarray(
+                table.initializer(
+                    (table.vocabulary_size, table.dim), dtype=tf.float32
+                )
+            )
+            for name, table in tables.items()
+        }
 
     def _samples(
         self,
