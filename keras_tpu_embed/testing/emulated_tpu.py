@@ -23,6 +23,13 @@ Only the chip is replaced (`emulated_chip.py`): the engine's device ops run
 as CPU kernels that combine rows and apply the optimizer of TF's config
 proto (`engine_rules.py`).
 
+Under `embedding_feature="V2"` (SparseCore, v5p/v6e) the mid-level object
+is TF's own `tf.tpu.experimental.embedding.TPUEmbeddingV2`: its table
+stacking, its variables sharded over the chips, its input preprocessing
+and `apply_gradients` run unmodified; only its SparseCore ops are CPU
+kernels (`emulated_sparsecore.py`). Nothing of it has run on a SparseCore
+TPU; `docs/tpu.md` lists where it may differ.
+
 What the emulation cannot tell you: XLA's lowering for TPU, the chip's own
 numerics and speed, the real input pipeline of a TPU host, and a real
 multi-host pod (hosts are emulated by several logical CPUs of one
@@ -304,7 +311,10 @@ def emulated_tpu(
     `tf.tpu.experimental.embedding.TPUEmbeddingV2` runs under it (table
     stacking, sharded variables, input preprocessing, lookups and
     `apply_gradients`); only its SparseCore ops are CPU kernels
-    (`emulated_sparsecore.py`).
+    (`emulated_sparsecore.py`). A v6e has 2 SparseCores per chip: set
+    `strategy.extended.tpu_hardware_feature.num_embedding_devices_per_chip
+    = 2` before constructing `TPUEmbeddingV2` to emulate one. None of this
+    has run on a SparseCore TPU (`docs/tpu.md` says where it may differ).
 
     Args:
         num_replicas: TPU cores (replicas), >= 1. Each is a logical CPU
