@@ -433,3 +433,72 @@ def test_training_equals_one_device(optimizer):
                 rtol=0,
                 err_msg=f"{slot} of {table}",
             )
+
+
+# ---------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_restores_on_the_emulation_and_in_tf_serving(tmp_path):
+    """TF's own checkpoint of the trained, stacked and sharded tables
+    restores into a new `TPUEmbeddingV2` (tables and slots) and, on CPU,
+    into TF's `TPUEmbeddingForServing`, which unstacks them per table from
+    the layouts TF saved: both equal one numpy training step."""
+    make, rule, rate = OPTIMIZERS["adagrad"]
+    targets = _targets()
+    batch = _global_batch(seed=5)
+    with emulated_tpu(REPLICAS, embedding_feature="V2") as strategy:
+        mid_level = _mid_level(strategy, make())
+        tables = _unsharded(mid_level)
+        slots = {"accumulators": _unsharded(mid_level, "accumulators")}
+
+        @tf.function
+        def train(inputs):
+            def step(features, weights):
+                activations, preserved = mid_level(features, weights)
+                replica = tf.distribute.get_replica_context()
+                first = replica.replica_id_in_sync_group * BATCH
+                gradients = {
+                    name: 2
+                    * (
+                        activations[name]
+                        - tf.constant(targets[name], tf.float32)[
+                            first : first + BATCH
+                        ]
+                    )
+                    / GLOBAL
+                    for name in activations
+                }
+                mid_level.apply_gradients(gradients, preserved)
+
+            strategy.run(step, args=inputs)
+
+        train(_distributed_inputs(strategy, batch))
+        _reference_step(tables, slots, batch, targets, rule, rate)
+        path = tf.train.Checkpoint(embedding=mid_level).save(
+            str(tmp_path / "ckpt")
+        )
+        with strategy.scope():
+            restored = EMB.TPUEmbeddingV2(
+                _feature_configs(_stacked_tables()), make()
+            )
+        tf.train.Checkpoint(embedding=restored).restore(path)
+        restored.build()
+        on_tpu = _unsharded(restored)
+        on_tpu_slots = _unsharded(restored, "accumulators")
+    serving = EMB.TPUEmbeddingForServing(
+        _feature_configs(_stacked_tables()), make()
+    )
+    tf.train.Checkpoint(embedding=serving).restore(path).expect_partial()
+    serving.build()
+    on_cpu = {
+        name: values["parameters"].numpy()
+        for name, values in serving.variables.items()
+    }
+    assert set(on_cpu) == set(tables) == set(on_tpu)
+    for name, expected in tables.items():
+        assert on_cpu[name].shape == (VOCAB[name], DIM)
+        np.testing.assert_allclose(on_cpu[name], expected, atol=1e-5)
+        np.testing.assert_allclose(on_tpu[name], expected, atol=1e-5)
+        np.testing.assert_allclose(
+            on_tpu_slots[name], slots["accumulators"][name], atol=1e-5
+        )
