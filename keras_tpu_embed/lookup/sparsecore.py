@@ -227,6 +227,33 @@ def _positions_as_samples(
     )
 
 
+def _truncate_sequences_in_preprocessing(mid_level: Any) -> None:
+    """Makes `mid_level` feed sequence features one sample per position.
+
+    `TPUEmbeddingV2.enqueue` runs its host preprocessing,
+    `_preprocess_features`, under outside compilation in a TPU step, with
+    the step's own inputs (`flat_inputs`, `flat_weights`, in the order of
+    its `flat_features`). The sequence features are rewritten there, on the
+    host, by `_positions_as_samples`: so the TPU program gets no sparse op
+    of ours, and the enqueue still receives the step's direct inputs.
+    """
+    original = mid_level._preprocess_features
+
+    def preprocess(*args: Any, **kwargs: Any) -> Any:
+        inputs = list(kwargs["flat_inputs"])
+        weights = list(kwargs.get("flat_weights") or [None] * len(inputs))
+        for i, (_, feature) in enumerate(kwargs["flat_features"]):
+            shape = list(feature.output_shape)
+            if len(shape) == 2:
+                inputs[i], weights[i] = _positions_as_samples(
+                    inputs[i], weights[i], shape[1], shape[0]
+                )
+        kwargs["flat_inputs"], kwargs["flat_weights"] = inputs, weights
+        return original(*args, **kwargs)
+
+    mid_level._preprocess_features = preprocess
+
+
 class SparseCoreEngine(SharedEngine):
     """The engine rules of `SharedEngine`, driving `TPUEmbeddingV2`.
 
@@ -245,7 +272,8 @@ class SparseCoreEngine(SharedEngine):
       preserved_outputs)` (as keras-rs' `_tpu_embedding_lookup_v2`); no
       named enqueue, so evaluate and predict simply do not call it;
     - sequence features are truncated on the host and fed one sample per
-      position (`_positions_as_samples`);
+      position (`_positions_as_samples`, inside TF's own host
+      preprocessing: `_truncate_sequences_in_preprocessing`);
     - tables are stacked and sharded: `read_tables` / `write_tables`
       convert to and from the per-table layout (`sparsecore_layout.py`).
     """
@@ -303,6 +331,7 @@ class SparseCoreEngine(SharedEngine):
                 disable_table_stacking=False, allow_id_dropping=False
             ),
         )
+        _truncate_sequences_in_preprocessing(mid_level)
         self._mid_level = mid_level
         with tf.init_scope():
             mid_level.build()
@@ -331,29 +360,6 @@ class SparseCoreEngine(SharedEngine):
             for name, table in tables.items()
         }
 
-    def _samples(
-        self,
-        features: dict[str, Tensor],
-        weights: dict[str, Tensor | None] | None,
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor | None] | None]:
-        """The inputs as `TPUEmbeddingV2` samples: sequence features one
-        sample per position, truncated."""
-        batch = int(self._batch_size or 0)
-        samples = dict(features)
-        sample_weights = None if weights is None else dict(weights)
-        for name, feature in self._feature_configs.items():
-            if feature.max_sequence_length > 0:
-                ids, weight = _positions_as_samples(
-                    features[name],
-                    None if weights is None else weights[name],
-                    feature.max_sequence_length,
-                    batch,
-                )
-                samples[name] = ids
-                if sample_weights is not None:
-                    sample_weights[name] = weight
-        return samples, sample_weights
-
     def _dequeue_with_trap(
         self,
         name: str,
@@ -363,11 +369,10 @@ class SparseCoreEngine(SharedEngine):
         """The V2 lookup inside the gradient trap; its backward pass calls
         `apply_gradients` with the lookup's preprocessed inputs."""
         mid_level = self._mid_level_for(int(self._batch_size or 0))
-        samples, sample_weights = self._samples(features, weights)
         preserved: dict[str, Any] = {}
 
         def lookup() -> list[Tensor]:
-            activations, outputs = mid_level(samples, sample_weights)
+            activations, outputs = mid_level(features, weights)
             preserved["outputs"] = outputs
             return list(tf.nest.flatten(activations))
 
