@@ -85,3 +85,60 @@ def test_sparse_core_tables_reach_a_cpu_model_and_come_back(tmp_path):
     # landed where the SparseCore looks them up.
     _fit_one_epoch(tf.distribute.get_strategy(), cpu)
     models.assert_values_equal(early_trained, training._tables(cpu))
+
+
+def test_keras_save_paths_carry_sparse_core_tables_both_ways(tmp_path):
+    weights = str(tmp_path / "sparse_core.weights.h5")
+    with emulated_tpu(2, embedding_feature="V2") as strategy:
+        model, _, _ = training._fit(strategy, OPTIMIZER)
+        trained = training._tables(model)
+        model.save_weights(weights)
+        whole = tf.train.Checkpoint(model=model).write(str(tmp_path / "m"))
+    for load in ("save_weights", "checkpoint"):
+        cpu = _build(tf.distribute.get_strategy(), seed=5)
+        if load == "save_weights":
+            cpu.load_weights(weights)
+        else:
+            tf.train.Checkpoint(model=cpu).read(
+                whole
+            ).assert_existing_objects_matched()
+        _assert_bit_equal(training._tables(cpu), trained)
+
+    # CPU weights onto SparseCore, loaded before the first step.
+    _fit_one_epoch(tf.distribute.get_strategy(), cpu)
+    cpu_weights = str(tmp_path / "cpu.weights.h5")
+    cpu.save_weights(cpu_weights)
+    once = training.dataset()
+    with emulated_tpu(2, embedding_feature="V2") as strategy:
+        tpu = _build(strategy, seed=6)
+        tpu.load_weights(cpu_weights)
+        predicted = tpu.predict(
+            kte.distribute_dataset(strategy, once, models.GLOBAL_BATCH),
+            steps=training.STEPS,
+            verbose=0,
+        )
+        _assert_bit_equal(training._tables(tpu), training._tables(cpu))
+    # And through tf.train.Checkpoint(model=...), before the first step.
+    cpu_whole = tf.train.Checkpoint(model=cpu).write(str(tmp_path / "c"))
+    with emulated_tpu(2, embedding_feature="V2") as strategy:
+        tpu = _build(strategy, seed=7)
+        tf.train.Checkpoint(model=tpu).read(
+            cpu_whole
+        ).assert_existing_objects_matched()
+        tpu.predict(
+            kte.distribute_dataset(strategy, once, models.GLOBAL_BATCH),
+            steps=1,
+            verbose=0,
+        )
+        _assert_bit_equal(training._tables(tpu), training._tables(cpu))
+    np.testing.assert_allclose(
+        predicted,
+        cpu.predict(
+            kte.distribute_dataset(
+                tf.distribute.get_strategy(), once, models.GLOBAL_BATCH
+            ),
+            steps=training.STEPS,
+            verbose=0,
+        ),
+        atol=1e-5,
+    )
