@@ -170,3 +170,25 @@ def test_a_layer_built_on_sparse_core_refuses_clipping_by_column(monkeypatch):
             layer({"item": keras.Input([1], dtype="int64", batch_size=4)})
     assert "item_embedding" in str(raised.value)
     assert "clipping_limit" in str(raised.value)
+
+
+def test_sequence_positions_become_samples_truncated_on_the_host():
+    # Example 0 has 4 positions, example 1 has 1, example 2 none; a
+    # max_sequence_length of 2 keeps positions 0 and 1.
+    ids = tf.ragged.constant([[5, 6, 7, 8], [9], []], dtype=tf.int64)
+    weights = tf.ragged.constant([[1.0, 2.0, 3.0, 4.0], [0.5], []])
+    samples, sample_weights = sparsecore._positions_as_samples(
+        ids, weights, length=2, batch=3
+    )
+    assert samples.dense_shape.numpy().tolist() == [6, 1]
+    # Sample b * 2 + p for position p of example b.
+    assert samples.indices.numpy().tolist() == [[0, 0], [1, 0], [2, 0]]
+    assert samples.values.numpy().tolist() == [5, 6, 9]
+    assert sample_weights.indices.numpy().tolist() == [[0, 0], [1, 0], [2, 0]]
+    assert sample_weights.values.numpy().tolist() == [1.0, 2.0, 0.5]
+    sparse, none = sparsecore._positions_as_samples(
+        ids.to_sparse(), None, length=3, batch=3
+    )
+    assert none is None
+    assert sparse.indices.numpy()[:, 0].tolist() == [0, 1, 2, 3]
+    assert sparse.values.numpy().tolist() == [5, 6, 7, 9]
