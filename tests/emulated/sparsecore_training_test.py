@@ -45,17 +45,21 @@ def _columns():
     return [item, hist, tags, genres]
 
 
-def build(optimizer):
+def _inputs():
     def sparse(name, dtype="int64"):
         return keras.Input((None,), dtype=dtype, name=name, sparse=True)
 
-    inputs = {
+    return {
         "item": sparse("item"),
         "hist": sparse("hist"),
         "tags": sparse("tags"),
         "tag_w": sparse("tag_w", "float32"),
         "genres": sparse("genres"),
     }
+
+
+def build(optimizer):
+    inputs = _inputs()
     embedded = kte.TPUEmbeddingLayer(
         _columns(),
         config=kte.EmbeddingConfig(optimizer=optimizer),
@@ -159,3 +163,53 @@ def test_fit_on_sparse_core_equals_one_device(optimizer):
     ]
     for table in sorted(n for n in tables if "/" not in n):
         assert not np.allclose(tables[table], untrained[table]), table
+
+
+def _two_layers(optimizer):
+    """The shared table in a `SharedTPUEmbedding`, the others in a
+    `TPUEmbeddingLayer`: both layers on the one SparseCore engine."""
+    item, hist, tags, genres = _columns()
+    features = _inputs()
+    config = kte.EmbeddingConfig(optimizer=optimizer)
+    shared = kte.SharedTPUEmbedding([item, hist], config=config, name="s")(
+        features
+    )
+    own = kte.TPUEmbeddingLayer([tags, genres], config=config, name="o")(
+        features
+    )
+    joined = keras.layers.Concatenate()(
+        [
+            shared["item_shared_embedding"],
+            keras.layers.Flatten()(shared["hist_shared_embedding"]),
+            own["tags_weighted_by_tag_w_embedding"],
+            own["genres_embedding"],
+        ]
+    )
+    two = keras.Model(features, keras.layers.Dense(1, name="head")(joined))
+    two.compile(optimizer="sgd", loss="mse")
+    return two
+
+
+def _fit_two_layers(strategy):
+    keras.utils.set_random_seed(models.SEED)
+    with strategy.scope():
+        model = _two_layers(models.OPTIMIZERS["adagrad"]())
+    batches = kte.distribute_dataset(
+        strategy, dataset().repeat(), models.GLOBAL_BATCH
+    )
+    model.fit(batches, epochs=2, steps_per_epoch=STEPS, verbose=0)
+    values = _tables(model)
+    steps = [int(model.get_layer(name).embedding_step.numpy()) for name in "so"]
+    return model, values, steps
+
+
+def test_two_layers_share_the_sparse_core_engine():
+    with emulated_tpu(2, embedding_feature="V2") as strategy:
+        model, tables, steps = _fit_two_layers(strategy)
+        engine = model.get_layer("s").engine
+        assert isinstance(engine, SparseCoreEngine)
+        assert model.get_layer("o").engine is engine
+        assert engine.layer_names == ["s", "o"]
+    _, expected, want_steps = _fit_two_layers(tf.distribute.get_strategy())
+    assert steps == want_steps == [2 * STEPS, 2 * STEPS]
+    models.assert_values_equal(tables, expected)
