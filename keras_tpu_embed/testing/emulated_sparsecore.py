@@ -61,10 +61,9 @@ re-implemented; the formats between the ops are TF's):
   FTRL-Proximal with `beta`.
 
 Not emulated (each fails with an error that says so): minibatching (TF's
-Python never asks for it), quantization, more than one TPU core per
-replica. Where the chip's exact numerics are unknown, e.g. the `mean`
-combiner of a sample whose weights sum to 0 (here 0), the emulation says
-so in the code.
+Python never asks for it), quantization, custom combiners. Where the
+chip's exact numerics are unknown, e.g. the `mean` combiner of a sample
+whose weights sum to 0 (here 0), the code says so.
 """
 
 from __future__ import annotations

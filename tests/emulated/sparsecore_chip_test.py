@@ -194,17 +194,26 @@ def _reference_lookup(tables, batch):
 
 def _unsharded(mid_level, slot="parameters"):
     """Per table, the stacked, sharded variable read back through TF's own
-    unsharding (`tpu_embedding_v3_checkpoint_adapter`, what a checkpoint
-    restore into a CPU model uses)."""
-    from tensorflow.python.tpu import (
-        tpu_embedding_v3_checkpoint_adapter as adapter,
-    )
+    unsharding (`tpu_embedding_v3_utils`, what TF's checkpoint adapter
+    uses to restore SparseCore tables into a CPU model)."""
+    from tensorflow.python.tpu import tpu_embedding_v3_utils as utils
 
     result = {}
     for name, layout in mid_level.embedding_layouts.items():
         variable = mid_level.variables[layout.stacked_table_name][slot]
         stacked = tf.concat(list(variable.values), 0)
-        (value,) = adapter._unshard_from_sc_to_cpu(stacked, [layout])
+        padded = utils.unshuffle_from_sc_to_cpu(
+            stacked,
+            num_sparse_cores=layout.num_sparse_cores,
+            offset_in_shard=layout.sparse_core_shard_row_offset,
+            size_in_shard=(
+                layout.unsharded_padded_shape[0] // layout.num_sparse_cores
+            ),
+            shard_rotation=layout.sparse_core_shard_rotation,
+        )
+        value = utils.remove_padding_from_sc(
+            padded, tuple(layout.unsharded_shape)
+        )
         result[name] = value.numpy().astype(np.float64)
     return result
 
@@ -491,8 +500,8 @@ def test_checkpoint_restores_on_the_emulation_and_in_tf_serving(tmp_path):
     tf.train.Checkpoint(embedding=serving).restore(path).expect_partial()
     serving.build()
     on_cpu = {
-        name: values["parameters"].numpy()
-        for name, values in serving.variables.items()
+        table.name: variable.numpy()
+        for table, variable in serving.embedding_tables.items()
     }
     assert set(on_cpu) == set(tables) == set(on_tpu)
     for name, expected in tables.items():
