@@ -348,7 +348,9 @@ class SparseCoreEngine(SharedEngine):
         initializer's values depend on the shape, so the tables would not
         start where the same columns' tables start on CPU. They are
         written here, in the SparseCore layout, after TF built them; the
-        slots keep TF's initial values (constants).
+        slots keep TF's initial values (constants). Each whole table and
+        its stack are held in host memory while they are written: tables
+        larger than a host's memory are not supported on SparseCore yet.
         """
         tables = {f.table.name: f.table for f in self._feature_configs.values()}
         return {
