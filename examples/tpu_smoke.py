@@ -24,17 +24,15 @@ traceback) or SKIP (with the reason):
 - serve: the SavedModel on raw features against the TPU model's predictions
   on the same examples (float32 matmul precision on both sides).
 
-Without a TPU, `--emulate V1` (or `UNSUPPORTED`, a TPU without an engine)
-runs the same stages under `keras_tpu_embed.testing.emulated_tpu` on 2
-logical CPU devices (`--replicas`): TF's own mid-level code, only the chip
-emulated.
+Without a TPU, `--emulate V1` (or `V2`, SparseCore: `TPUEmbeddingV2`; or
+`UNSUPPORTED`, a TPU without an engine) runs the same stages under
+`keras_tpu_embed.testing.emulated_tpu` on 2 logical CPU devices
+(`--replicas`): TF's own mid-level code, only the chip emulated.
 That is a rehearsal, not the TPU report.
 
 The last line is `SMOKE PASS`, `SMOKE FAIL at <stage>` or `SMOKE SKIP:
 <reason>`, and a JSON summary is written to `<output-dir>/smoke_summary.json`.
-A TPU whose hardware this package does not drive with the engine (SparseCore
-`TPUEmbeddingV2` on v5p/v6e; no engine on v5e) is a SKIP with the layer's
-own message, as is a machine without a TPU.
+A machine without a TPU is a SKIP with the reason.
 
 No machine this package is developed on has a TPU, so this script has not
 run on one. The tests run it on CPU (SKIP) and its `run` under a recording
@@ -376,9 +374,6 @@ def _stages(
                 model = build_model(preprocessor, own, shared, True)
         except (RuntimeError, ValueError) as error:
             refused = (
-                hardware is tpu_hardware.EmbeddingHardware.V2
-                and "SparseCore" in str(error)
-            ) or (
                 hardware is tpu_hardware.EmbeddingHardware.NO_ENGINE
                 and "has no embedding engine" in str(error)
             )
@@ -531,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default=None)
     parser.add_argument(
         "--emulate",
-        choices=("V1", "UNSUPPORTED"),
+        choices=("V1", "V2", "UNSUPPORTED"),
         default=None,
         help="no TPU: run under keras_tpu_embed.testing.emulated_tpu with this "
         "embedding_feature (in a fresh process)",

@@ -68,6 +68,10 @@ from tensorflow.python.ops import (  # noqa: E402
     resource_variable_ops as tf_resource_variable_ops,
 )
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_feature_column_v2  # noqa: E402
+from tensorflow.python.tpu import tpu_embedding_v3 as tf_tpu_embedding_v3  # noqa: E402
+from tensorflow.python.tpu import (  # noqa: E402
+    tpu_embedding_v3_utils as tf_tpu_embedding_v3_utils,
+)
 from tensorflow.python.tpu import tpu_replication as tf_tpu_replication  # noqa: E402
 
 # The SparseCore ops of `TPUEmbeddingV2`, which TF looks up by name in this
@@ -77,6 +81,7 @@ from tensorflow.python.tpu.ops import tpu_ops as tf_tpu_ops  # noqa: E402
 from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
     SaveSpec as TFSaveSpec,
 )
+from tensorflow.python.util import nest as tf_nest  # noqa: E402
 
 # A checkpoint dependency that saves and restores tensors of its own
 # (`_serialize_to_tensors` / `_restore_from_tensors`): only TF's internal
@@ -130,6 +135,9 @@ __all__ = [
     "tf_tpu_ops",
     "tf_gen_xla_ops",
     "tf_tpu_replication",
+    "tf_tpu_embedding_v3",
+    "tf_tpu_embedding_v3_utils",
+    "tf_nest",
     "tf_tpu_strategy",
     "tf_tpu_util",
     "tf_sequence_feature_column",

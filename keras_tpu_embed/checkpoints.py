@@ -101,16 +101,16 @@ def engine_checkpoint(model_or_layers: Any) -> Any:
     engine = next(iter(engines.values()), None)
     local = [(layer, layer.local_table_specs) for layer in layers]
     if engine is not None:
-        for config in engine.mid_level._table_config:
-            for slot in engine.table_slots(config.name):
+        for table_name in engine.table_names:
+            for slot in engine.table_slots(table_name):
                 name = (
-                    config.name
+                    table_name
                     if slot == "parameters"
-                    else f"{config.name}/{slot}"
+                    else f"{table_name}/{slot}"
                 )
-                owners[config.name] = "the TPU embedding engine"
+                owners[table_name] = "the TPU embedding engine"
                 names.append(
-                    (name, EngineTableCheckpoint(engine, config.name, slot))
+                    (name, EngineTableCheckpoint(engine, table_name, slot))
                 )
     for layer, tables in local:
         for table in tables:

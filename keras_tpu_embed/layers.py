@@ -65,8 +65,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     when the layer is built under `TPUStrategy` on a TPU with an embedding
     engine, the engine itself (`lookup/embedding_core.py`): every embedding
     layer of the model then shares one
-    `tf.tpu.experimental.embedding.TPUEmbedding` (SparseCore TPUs are refused
-    at build), which owns those tables and slots.
+    `tf.tpu.experimental.embedding.TPUEmbedding` (on SparseCore TPUs, v5p
+    and later: one `TPUEmbeddingV2`), which owns those tables and slots.
     Build and call the layer under the same strategy; the engine path is
     exercised on TPU hardware only (see `examples/tpu_smoke.py`).
 
@@ -317,7 +317,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             save_type, **kwargs
         )
         engine = getattr(self, "_engine", None)
-        if engine is not None and engine.mid_level is not None:
+        if engine is not None and engine.table_names:
             self._track_engine_tables(engine)
         return children
 

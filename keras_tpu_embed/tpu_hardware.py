@@ -53,11 +53,14 @@ def current_hardware() -> EmbeddingHardware:
 
 
 def mid_level_class(hardware: EmbeddingHardware) -> type:
-    """The mid-level API class for the hardware (V1 only: SparseCore is
-    refused at build, see `embedding_core.refuse_sparse_core`)."""
+    """The mid-level API class for the hardware: `TPUEmbedding` on V1,
+    `TPUEmbeddingV2` on SparseCore (V2)."""
     if hardware is EmbeddingHardware.V1:
         mid_level: type = tf.tpu.experimental.embedding.TPUEmbedding
         return mid_level
+    if hardware is EmbeddingHardware.V2:
+        sparse_core: type = tf.tpu.experimental.embedding.TPUEmbeddingV2
+        return sparse_core
     raise ValueError(
         f"No supported TPU embedding engine on {hardware.value} hardware."
     )

@@ -205,20 +205,31 @@ def test_mixed_precision_host_path_combines_float32_weights(mixed_bfloat16):
     assert seen == [tf.float32]
 
 
-def test_sparse_core_is_refused_at_build_with_what_works(monkeypatch):
+def test_sparse_core_builds_its_own_engine_and_refuses_by_column(
+    monkeypatch,
+):
+    # SparseCore gets the V2 engine (tests/emulated/sparsecore_*_test.py
+    # run it); what V2 cannot honour is refused at build, by column.
+    from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
+
     tpu = StandInTPU(monkeypatch, tpu_hardware.EmbeddingHardware.V2)
     with tpu.strategy.scope():
-        with pytest.raises(RuntimeError) as raised:
-            build_model()
+        model = build_model()
+    assert isinstance(model.get_layer("embed").engine, SparseCoreEngine)
+    # TPUEmbeddingV2 is made at the first step, when the batch is known.
+    assert model.get_layer("embed").engine.mid_level is None
+    tpu = StandInTPU(monkeypatch, tpu_hardware.EmbeddingHardware.V2)
+    with tpu.strategy.scope():
+        with pytest.raises(ValueError) as raised:
+            build_model(kte.EmbeddingConfig(clipping_limit=1.0))
     message = str(raised.value)
     for needed in (
         "SparseCore",
         "TPUEmbeddingV2",
-        "v5p",
-        "['tags_weighted_by_tag_w_embedding', 'user_embedding']",
+        "['tags_weighted_by_tag_w_embedding']",
+        "['user_embedding']",
+        "clipping_limit",
         "embedding_lookup_device='tpu_tensor_core'",
-        "tensor_core_shape",
-        "V1",
     ):
         assert needed in message
     assert tpu.built_objects == []
@@ -247,13 +258,13 @@ def test_sparse_core_tensor_core_columns_still_train(monkeypatch):
     assert tpu.built_objects == []
 
 
-def test_why_sparse_core_is_refused_tensorflows_own_v2_stacking():
+def test_why_sparse_core_is_made_at_the_first_step():
     """TF's TPUEmbeddingV2 constructor stacks tables by sample count, the
     product of each FeatureConfig.output_shape (tpu_embedding_v3.py,
-    _stack_tables_with_same_table_dim_and_optimizer), which our configs
-    leave unset: TPUEmbeddingV2(...) would fail on a TPU with this error.
-    Run on CPU with TF's own function; a TPU run is still needed to build
-    V2 for real."""
+    _stack_tables_with_same_table_dim_and_optimizer), which the configs of
+    `to_tpu_feature_configs` leave unset: so SparseCoreEngine makes it at
+    the first step, with the per-replica batch. Run on CPU with TF's own
+    function."""
     from tensorflow.python.tpu import tpu_embedding_v3
     from tensorflow.python.util import nest
 

@@ -5,7 +5,6 @@ import dataclasses
 import pytest
 import tensorflow as tf
 
-import keras_tpu_embed as kte
 from keras_tpu_embed.lookup import engine_checks
 
 
@@ -74,13 +73,3 @@ def test_activation_shapes_must_match_the_layer():
         engine_checks.check_activation_shapes(
             dict(good, x=tf.zeros([2, 1, 4])), configs
         )
-
-
-def test_sparse_core_refusal_names_columns_and_what_works():
-    column = kte.embedding_column(
-        kte.categorical_column_with_identity("item", 10), 4
-    )
-    with pytest.raises(RuntimeError) as raised:
-        engine_checks.refuse_sparse_core("embed", [column])
-    message = str(raised.value)
-    assert "item_embedding" in message and "tpu_tensor_core" in message

@@ -15,7 +15,6 @@ import sys
 
 import pytest
 
-from keras_tpu_embed import tpu_hardware
 from tests.engine_stand_in import StandInTPU
 
 SCRIPT = pathlib.Path(__file__).parents[1] / "examples" / "tpu_smoke.py"
@@ -91,23 +90,8 @@ def test_a_failing_stage_is_reported_with_its_error(monkeypatch, tmp_path):
 
 
 # A TPU without an engine (v5e) runs every stage on the tensor core, with
-# the demo columns' tensor_core_shape: tests/emulated/tpu_smoke_test.py.
-@pytest.mark.parametrize(
-    "hardware, reason",
-    [(tpu_hardware.EmbeddingHardware.V2, "SparseCore")],
-)
-def test_tpus_without_a_supported_engine_are_a_skip_with_the_reason(
-    monkeypatch, tmp_path, capsys, hardware, reason
-):
-    tpu = StandInTPU(monkeypatch, hardware)
-    summary = _run(tpu, tmp_path)
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert summary["result"] == "SKIP"
-    assert [s["status"] for s in summary["stages"]] == ["SKIP"]
-    assert reason in summary["skip_reason"]
-    assert "tensor_core_shape" in summary["skip_reason"]  # what to do
-    assert last.startswith("SMOKE SKIP: ") and reason in last
-    assert tpu.built_objects == []
+# the demo columns' tensor_core_shape, and SparseCore (V2) every stage on
+# TPUEmbeddingV2: tests/emulated/tpu_smoke_test.py.
 
 
 @pytest.mark.slow

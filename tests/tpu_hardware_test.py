@@ -24,12 +24,16 @@ def test_only_v1_and_v2_have_an_engine():
     ]
 
 
-def test_mid_level_class_is_tpu_embedding_on_v1_only():
+def test_mid_level_class_per_hardware():
     assert (
         tpu_hardware.mid_level_class(EmbeddingHardware.V1)
         is tf.tpu.experimental.embedding.TPUEmbedding
     )
-    for hardware in (EmbeddingHardware.V2, EmbeddingHardware.NO_ENGINE):
+    assert (
+        tpu_hardware.mid_level_class(EmbeddingHardware.V2)
+        is tf.tpu.experimental.embedding.TPUEmbeddingV2
+    )
+    for hardware in (EmbeddingHardware.NONE, EmbeddingHardware.NO_ENGINE):
         with pytest.raises(ValueError, match=hardware.value):
             tpu_hardware.mid_level_class(hardware)
 

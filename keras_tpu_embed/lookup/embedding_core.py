@@ -21,12 +21,12 @@ one `SharedEngine`:
   `apply_gradients` under the same name, then counts the step on every
   layer whose local tables do not count it already.
 
-SparseCore (`TPUEmbeddingV2`, embedding_feature V2) is refused at build,
-with what works instead (`engine_checks.refuse_sparse_core` says why). TPU
-hardware is consulted only through `tpu_hardware.py`, which the tests
-replace with a recording stand-in. No machine this package is developed on
-has a TPU: this path runs on real hardware only through
-`examples/tpu_smoke.py`.
+On SparseCore TPUs (embedding_feature V2: v5p, v6e and later) the engine
+is a `sparsecore.SparseCoreEngine`, the same engine rules driving
+`TPUEmbeddingV2` (`lookup/sparsecore.py`). TPU hardware is consulted only
+through `tpu_hardware.py`, which the tests replace with a recording
+stand-in. No machine this package is developed on has a TPU: this path
+runs on real hardware only through `examples/tpu_smoke.py`.
 """
 
 from __future__ import annotations
@@ -103,7 +103,13 @@ def engine_for(strategy: Any, hardware: EmbeddingHardware) -> SharedEngine:
     """The one `SharedEngine` of `strategy`'s TPU system."""
     engine = _ENGINES.get(strategy)
     if engine is None:
-        engine = SharedEngine(hardware)
+        if hardware is EmbeddingHardware.V2:
+            # A subclass of SharedEngine: imported here, not at the top.
+            from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
+
+            engine = SparseCoreEngine(hardware)
+        else:
+            engine = SharedEngine(hardware)
         _ENGINES[strategy] = engine
     return engine
 
@@ -118,6 +124,7 @@ class SharedEngine:
         self._table_owner: dict[str, str] = {}
         self._pipeline: bool | None = None
         self._mid_level: Any = None
+        self._optimizer: Any = None
         # graph -> replica id -> that replica's step in the graph.
         self._steps: weakref.WeakKeyDictionary[Any, dict[int, _Step]] = (
             weakref.WeakKeyDictionary()
@@ -133,6 +140,12 @@ class SharedEngine:
     def mid_level(self) -> Any:
         """The `TPUEmbedding` all members share."""
         return self._mid_level
+
+    @property
+    def table_names(self) -> list[str]:
+        """Every table on the engine, sorted (known from the members'
+        configs, before TF creates the tables)."""
+        return sorted({f.table.name for f in self._feature_configs.values()})
 
     @property
     def layer_names(self) -> list[str]:
@@ -183,8 +196,6 @@ class SharedEngine:
             ValueError: the layer cannot share the engine with the layers
                 already registered; the message says how to fix the model.
         """
-        if self.hardware is EmbeddingHardware.V2:
-            engine_checks.refuse_sparse_core(layer_name, columns)
         if self._step_count:
             raise RuntimeError(
                 f"Layer '{layer_name}' is built after the "
@@ -253,15 +264,22 @@ class SharedEngine:
         for feature in features.values():
             self._table_owner[feature.table.name] = layer_name
         self._pipeline = config.pipeline_execution_with_tensor_core
-        # The mid-level constructor only stores configs; the TPU is touched
-        # by `build`, which the first enqueue calls. So the object can be
-        # replaced until the first step.
-        self._mid_level = tpu_hardware.mid_level_class(self.hardware)(
+        self._optimizer = config.optimizer.to_tpu()
+        self._mid_level = self._make_mid_level()
+        return EngineTables(self, member)
+
+    def _make_mid_level(self) -> Any:
+        """The mid-level object for the members registered so far.
+
+        The constructor only stores configs; the TPU is touched by
+        `build`, which the first enqueue calls. So the object can be
+        replaced until the first step.
+        """
+        return tpu_hardware.mid_level_class(self.hardware)(
             feature_config=dict(self._feature_configs),
-            optimizer=config.optimizer.to_tpu(),
+            optimizer=self._optimizer,
             pipeline_execution_with_tensor_core=self._pipeline,
         )
-        return EngineTables(self, member)
 
     # -------------------------------------------------------------- tables
 
@@ -278,14 +296,16 @@ class SharedEngine:
 
         Known from the configs, before TF creates the tables.
         """
-        for config in self._mid_level._table_config:
+        for feature in self._feature_configs.values():
+            config = feature.table
             if config.name == table:
                 shape = [config.vocabulary_size, config.dim]
-                slots = ["parameters", *config.optimizer._slot_names()]
+                optimizer = config.optimizer or self._optimizer
+                slots = ["parameters", *optimizer._slot_names()]
                 return {slot: shape for slot in slots}
         raise KeyError(
             f"No table '{table}' on the TPU embedding engine. Its tables: "
-            f"{sorted(c.name for c in self._mid_level._table_config)}."
+            f"{self.table_names}."
         )
 
     def read_tables(self, tables: Sequence[str]) -> dict[tuple[str, str], Any]:
@@ -296,8 +316,7 @@ class SharedEngine:
                 created at the engine's first step) and none were loaded.
         """
         keys = [(t, slot) for t in tables for slot in self.table_slots(t)]
-        mid_level = self._mid_level
-        if not mid_level._built:
+        if not self._tables_created():
             if all(key in self._pending for key in keys):
                 return {key: self._pending[key] for key in keys}
             raise RuntimeError(
@@ -306,6 +325,17 @@ class SharedEngine:
                 f"{self.layer_names} do not exist yet: run one step "
                 "(model.fit, evaluate or predict) before saving."
             )
+        return self._read_created(keys)
+
+    def _tables_created(self) -> bool:
+        """Whether TF created the tables (at the engine's first step)."""
+        return self._mid_level is not None and bool(self._mid_level._built)
+
+    def _read_created(
+        self, keys: list[tuple[str, str]]
+    ) -> dict[tuple[str, str], Any]:
+        """`read_tables` once the tables exist."""
+        mid_level = self._mid_level
         # Under a TPUStrategy the host copies are stale until TF retrieves
         # them from the TPU, as it does before a checkpoint save.
         mid_level._retrieve_variables()
@@ -332,7 +362,7 @@ class SharedEngine:
                     f"{self.table_slots(table)} (slot: shape)."
                 )
         self._pending.update(values)
-        if self._mid_level._built:
+        if self._tables_created():
             self._load_pending()
 
     def _load_pending(self) -> None:

@@ -13,7 +13,6 @@ from typing import Protocol
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.types import Tensor
 
 
@@ -165,42 +164,3 @@ def check_activation_shapes(
                 "tf.SparseTensor / tf.RaggedTensor, and leave "
                 "FeatureConfig.output_shape unset."
             )
-
-
-def refuse_sparse_core(
-    layer_name: str, columns: Sequence[AnyEmbeddingColumn]
-) -> None:
-    """Raises: SparseCore (`TPUEmbeddingV2`) is not driven by this package.
-
-    Reading TF 2.20/2.21 and keras-rs' TensorFlow `DistributedEmbedding`
-    (`_sparsecore_init`, which sets up `TPUEmbeddingV2` from its own
-    configs), a correct V2 path needs what this package does not do yet:
-
-    - every `FeatureConfig.output_shape` set from the per-replica batch
-      before the constructor, which stacks tables by sample count
-      (`tpu_embedding_v3.py`, `_stack_tables_with_same_table_dim_and_
-      optimizer`; without it: "Cannot iterate over a shape with unknown
-      rank"), and a `SparseCoreEmbeddingConfig`;
-    - `max_sequence_length` and clipping, which V2 does not apply, mapped
-      to errors;
-    - checkpoints keyed by stacked table and sharded over SparseCores
-      (keras-rs un-shards them in `_sparsecore_get_embedding_tables`),
-      un-stacked into our table names for the CPU model.
-
-    None of it can be checked without a SparseCore TPU, so the layer
-    refuses at build rather than train or checkpoint wrongly.
-    """
-    names = sorted(c.name for c in columns)
-    tables = sorted({c.table_name for c in columns})
-    raise RuntimeError(
-        f"Layer '{layer_name}' would put the columns {names} (tables "
-        f"{tables}) on the TPU embedding engine, but this TPU has SparseCore "
-        "(embedding_feature V2, e.g. TPU v5p, v6e), whose mid-level API "
-        "tf.tpu.experimental.embedding.TPUEmbeddingV2 keras_tpu_embed does "
-        "not support yet (its stacked, sharded tables would not restore "
-        "into the CPU model by table name). What works: give those columns "
-        "embedding_lookup_device='tpu_tensor_core' and tensor_core_shape="
-        "[None, ids_per_example] (dense lookups on the TensorCore, any "
-        "TPU), or train on a TPU whose embedding_feature is V1 (e.g. TPU "
-        "v3, v4) for the embedding engine."
-    )

@@ -2,9 +2,10 @@
 
 Every stage (the demo model with sparse, weighted and sequence ids on the
 engine, fit, evaluate, checkpoints, the CPU restore, export, serving equal
-to the TPU model) must PASS on `"V1"` with 2 replicas, and on a TPU without
-an engine (`"UNSUPPORTED"`: tensor-core lookups, ids padded on the host to
-the demo columns' `tensor_core_shape`).
+to the TPU model) must PASS on `"V1"` and on SparseCore (`"V2"`,
+`TPUEmbeddingV2`) with 2 replicas, and on a TPU without an engine
+(`"UNSUPPORTED"`: tensor-core lookups, ids padded on the host to the demo
+columns' `tensor_core_shape`).
 """
 
 import importlib.util
@@ -56,5 +57,20 @@ def test_smoke_passes_under_the_emulated_tpu_without_an_engine(
     assert code == 0, printed
     assert [s["status"] for s in summary["stages"]] == ["PASS"] * 7
     assert summary["environment"]["embedding_hardware"] == "no_engine"
+    assert set(summary["numbers"]["embedding_step"].values()) == {1 + 3 * 20}
+    assert summary["numbers"]["max_difference"] <= 1e-5
+
+
+def test_smoke_passes_under_the_emulated_sparse_core_tpu(tmp_path, capsys):
+    code = _main(["--emulate", "V2", "--output-dir", str(tmp_path), *SMALL])
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "smoke_summary.json").read_text())
+    assert code == 0, printed
+    assert "SMOKE PASS" in printed.splitlines()
+    assert [s["status"] for s in summary["stages"]] == ["PASS"] * 7
+    assert summary["environment"]["emulated"] == "V2"
+    assert summary["environment"]["embedding_hardware"] == "v2"
+    [build] = [s for s in summary["stages"] if s["name"] == "build"]
+    assert build["details"]["engine_tables"]  # on SparseCore, not local
     assert set(summary["numbers"]["embedding_step"].values()) == {1 + 3 * 20}
     assert summary["numbers"]["max_difference"] <= 1e-5

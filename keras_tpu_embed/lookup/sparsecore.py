@@ -1,0 +1,438 @@
+"""SparseCore (`TPUEmbeddingV2`, embedding_feature V2): what it honours.
+
+TensorFlow's SparseCore mid-level API (`tpu_embedding_v3.py`,
+`TPUEmbeddingV2`) builds from the same `tf.tpu.experimental.embedding`
+configs as the V1 engine but reads fewer of their fields. Its update ops
+(`xla_sparse_dense_matmul_grad_with_{sgd,adagrad,adagrad_momentum,adam,
+ftrl}_and_static_buffer_size`, called from `TPUEmbeddingV2.apply_gradients`)
+take the learning rate (a callable is called every step) and each rule's
+own hyperparameters, and nothing else: no gradient clipping
+(`clipvalue`, and so no `EmbeddingConfig.clipping_limit`), no weight
+clipping, no FTRL `allow_zero_accumulator`; the Adam op updates the rows of
+the batch only (lazy Adam). Weight decay makes its constructor raise
+`NotImplementedError`; any other optimizer class makes `apply_gradients`
+raise "Unsupported optimizer". Its input op
+(`convert_to_list_of_sparse_core_coo_tensors`) takes the combiner as a
+string: `sum`, `mean` and `sqrtn` are TF's built-in three.
+
+`refuse_what_sparse_core_cannot_honour` says each of these at build, by
+column, with what to do instead: a table trained without a clip it was
+given would answer differently from the same model on CPU.
+`SparseCoreEngine` is the engine of `embedding_core.py` (one per strategy,
+every layer receiving every engine feature, the gradient trap) driving
+`TPUEmbeddingV2`; `embedding_core.engine_for` routes V2 strategies to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Sequence
+
+import numpy as np
+
+from keras_tpu_embed import tpu_hardware
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import AnyEmbeddingColumn
+from keras_tpu_embed.config import EmbeddingConfig
+from keras_tpu_embed.lookup import sparsecore_layout
+from keras_tpu_embed.lookup.embedding_core import EngineTables
+from keras_tpu_embed.lookup.embedding_core import SharedEngine
+from keras_tpu_embed.lookup.gradient_trap import trap_gradients
+from keras_tpu_embed.tpu_conversion import to_tpu_feature_configs
+from keras_tpu_embed.types import Tensor
+
+# `TPUEmbeddingV2.apply_gradients` has one update op for each of these.
+_V2_OPTIMIZERS = ("SGD", "Adagrad", "AdagradMomentum", "Adam", "FTRL")
+_V2_COMBINERS = ("sum", "mean", "sqrtn")
+
+_WHAT_WORKS = (
+    "give those columns embedding_lookup_device='tpu_tensor_core' and "
+    "tensor_core_shape=[None, ids_per_example] (dense lookups on the "
+    "TensorCore, which apply it), or train on a TPU whose embedding_feature "
+    "is V1 (e.g. TPU v4)"
+)
+
+
+def _table_problems(table: Any, config: EmbeddingConfig) -> list[str]:
+    """What `TPUEmbeddingV2` would ignore or refuse in one `TableConfig`."""
+    optimizer = table.optimizer
+    kind = type(optimizer).__name__
+    embedding = tf.tpu.experimental.embedding
+    known = kind in _V2_OPTIMIZERS and isinstance(
+        optimizer, getattr(embedding, kind)
+    )
+    if optimizer is not None and not known:
+        return [
+            f"its optimizer {kind}, which TPUEmbeddingV2.apply_gradients "
+            "has no update for ('Unsupported optimizer'); use one of "
+            f"{list(_V2_OPTIMIZERS)}"
+        ]
+    problems = []
+    if table.combiner not in _V2_COMBINERS:
+        problems.append(
+            f"combiner={table.combiner!r}; SparseCore combines with one of "
+            f"{list(_V2_COMBINERS)}"
+        )
+    if optimizer is None:
+        return problems
+    clip = (optimizer.clip_gradient_min, optimizer.clip_gradient_max)
+    if clip != (None, None):
+        source = (
+            f"EmbeddingConfig.clipping_limit={config.clipping_limit}"
+            if config.clipping_limit is not None
+            and clip[1] == float(config.clipping_limit)
+            else f"the optimizer's clipvalue={clip}"
+        )
+        problems.append(
+            f"gradient clipping ({source}); drop it (SparseCore's update "
+            "ops take no clip bounds)"
+        )
+    for bound in ("clip_weight_min", "clip_weight_max"):
+        value = getattr(optimizer, bound)
+        if value is not None:
+            problems.append(
+                f"the optimizer's {bound}={value}; drop it (SparseCore's "
+                "update ops do not clip weights)"
+            )
+    if (
+        optimizer.weight_decay_factor is not None
+        or optimizer.multiply_weight_decay_factor_by_learning_rate
+    ):
+        problems.append(
+            "the optimizer's weight_decay_factor="
+            f"{optimizer.weight_decay_factor} (with "
+            "multiply_weight_decay_factor_by_learning_rate="
+            f"{optimizer.multiply_weight_decay_factor_by_learning_rate}); "
+            "TPUEmbeddingV2 raises NotImplementedError for weight decay"
+        )
+    if kind == "Adam" and not optimizer.lazy_adam:
+        problems.append(
+            "Adam with lazy_adam=False; SparseCore's Adam updates only the "
+            "rows of the batch: use lazy_adam=True"
+        )
+    if kind == "FTRL" and optimizer.allow_zero_accumulator:
+        problems.append(
+            "FTRL with allow_zero_accumulator=True, which SparseCore's FTRL "
+            "update has no field for: use allow_zero_accumulator=False"
+        )
+    return problems
+
+
+def refuse_what_sparse_core_cannot_honour(
+    layer_name: str,
+    columns: Sequence[AnyEmbeddingColumn],
+    config: EmbeddingConfig,
+    step: Any = None,
+) -> None:
+    """Raises if `TPUEmbeddingV2` would not train the columns as asked.
+
+    Args:
+        layer_name: The layer's name, for the message.
+        columns: The layer's columns on the SparseCore engine.
+        config: The layer's `EmbeddingConfig` (its optimizer, clipping,
+            partition strategy and raw `feature_to_config_dict`).
+        step: The layer's embedding step, for `learning_rate_fn`s.
+
+    Raises:
+        ValueError: naming each column (or raw feature) and what SparseCore
+            cannot honour for it, with the fix.
+
+    Example:
+
+    >>> item = categorical_column_with_identity("item", 10)
+    >>> refuse_what_sparse_core_cannot_honour(
+    ...     "embed", [embedding_column(item, 4)],
+    ...     EmbeddingConfig(clipping_limit=1.0))
+    Traceback (most recent call last):
+    ...
+    ValueError: Layer 'embed' cannot put these on the SparseCore ...
+    """
+    if config.partition_strategy != "div":
+        names = sorted(c.name for c in columns)
+        raise ValueError(
+            f"Layer '{layer_name}' has partition_strategy="
+            f"{config.partition_strategy!r} for the columns {names}, but "
+            "SparseCore (TPUEmbeddingV2) places rows itself (row r of a "
+            "table on SparseCore (r + rotation) mod the number of "
+            "SparseCores, stacked with other tables), and keras_tpu_embed "
+            "checkpoints each table whole, by table name. The partition "
+            "strategy would change nothing: use partition_strategy='div' "
+            "(the default)."
+        )
+    features = to_tpu_feature_configs(columns, config, step=step)
+    by_table: dict[str, tuple[Any, list[str]]] = {}
+    for name, feature in features.items():
+        entry = by_table.setdefault(feature.table.name, (feature.table, []))
+        entry[1].append(name)
+    lines = []
+    for table_name, (table, names) in sorted(by_table.items()):
+        for problem in _table_problems(table, config):
+            lines.append(
+                f"- columns {sorted(names)} (table '{table_name}'): {problem}"
+            )
+    if lines:
+        raise ValueError(
+            f"Layer '{layer_name}' cannot put these on the SparseCore "
+            "embedding engine of this TPU (embedding_feature V2, "
+            "tf.tpu.experimental.embedding.TPUEmbeddingV2), which would "
+            "train them differently from the same model on CPU:\n"
+            + "\n".join(lines)
+            + f"\nFix each as said, or {_WHAT_WORKS}."
+        )
+
+
+def _output_shape(feature: Any, batch: int) -> list[int]:
+    """Per replica: `[batch]`, or `[batch, max_sequence_length]` for a
+    sequence feature (one sample per position, see `_positions_as_samples`).
+    """
+    if feature.max_sequence_length > 0:
+        return [batch, feature.max_sequence_length]
+    return [batch]
+
+
+def _positions_as_samples(
+    ids: Tensor, weights: Tensor | None, length: int, batch: int
+) -> tuple[Tensor, Tensor | None]:
+    """Sequence ids `[batch, n]` as `[batch * length, 1]` sparse samples.
+
+    `TPUEmbeddingV2` ignores `max_sequence_length`: it combines each sample
+    (row) of a feature into one vector and reshapes the feature's samples
+    to its `output_shape`. So position `p` of example `b` is fed as sample
+    `b * length + p`, positions from `length` on are dropped here, on the
+    host, as the host path truncates them (`lookup/sparse.py`, `sequence`:
+    one segment per position, combined with the column's combiner), and
+    the `[batch, length]` output shape gives `[batch, length, dim]`, zero
+    where a position holds no id.
+    """
+
+    def as_sparse(value: Tensor) -> Any:
+        if isinstance(value, tf.RaggedTensor):
+            return value.to_sparse()
+        return value
+
+    ids = as_sparse(ids)
+    keep = ids.indices[:, 1] < length
+    kept = tf.boolean_mask(ids.indices, keep)
+    samples = kept[:, 0] * length + kept[:, 1]
+    indices = tf.stack([samples, tf.zeros_like(samples)], axis=1)
+    shape = tf.constant([batch * length, 1], tf.int64)
+    sparse_ids = tf.SparseTensor(
+        indices, tf.boolean_mask(ids.values, keep), shape
+    )
+    if weights is None:
+        return sparse_ids, None
+    weights = as_sparse(weights)
+    return sparse_ids, tf.SparseTensor(
+        indices, tf.boolean_mask(weights.values, keep), shape
+    )
+
+
+def _truncate_sequences_in_preprocessing(mid_level: Any) -> None:
+    """Makes `mid_level` feed sequence features one sample per position.
+
+    `TPUEmbeddingV2.enqueue` runs its host preprocessing,
+    `_preprocess_features`, under outside compilation in a TPU step, with
+    the step's own inputs (`flat_inputs`, `flat_weights`, in the order of
+    its `flat_features`). The sequence features are rewritten there, on the
+    host, by `_positions_as_samples`: so the TPU program gets no sparse op
+    of ours, and the enqueue still receives the step's direct inputs.
+    """
+    original = mid_level._preprocess_features
+
+    def preprocess(*args: Any, **kwargs: Any) -> Any:
+        inputs = list(kwargs["flat_inputs"])
+        weights = list(kwargs.get("flat_weights") or [None] * len(inputs))
+        for i, (_, feature) in enumerate(kwargs["flat_features"]):
+            shape = list(feature.output_shape)
+            if len(shape) == 2:
+                inputs[i], weights[i] = _positions_as_samples(
+                    inputs[i], weights[i], shape[1], shape[0]
+                )
+        kwargs["flat_inputs"], kwargs["flat_weights"] = inputs, weights
+        return original(*args, **kwargs)
+
+    mid_level._preprocess_features = preprocess
+
+
+class SparseCoreEngine(SharedEngine):
+    """The engine rules of `SharedEngine`, driving `TPUEmbeddingV2`.
+
+    One per strategy, every layer receiving every engine feature, one
+    lookup per step inside the gradient trap, exactly as on V1. What
+    differs is TF's V2 API:
+
+    - `TPUEmbeddingV2` stacks tables by per-replica sample count at
+      construction, so it is made at the first step, when the per-replica
+      batch is known, with each feature's `output_shape` (keras-rs sets
+      them before its constructor too, `DistributedEmbedding.
+      _sparsecore_init`);
+    - the lookup is one call, `mid_level(features, weights)`, that returns
+      the activations and the preprocessed inputs, which the trap's
+      backward pass hands to `apply_gradients(gradients,
+      preserved_outputs)` (as keras-rs' `_tpu_embedding_lookup_v2`); no
+      named enqueue, so evaluate and predict simply do not call it;
+    - sequence features are truncated on the host and fed one sample per
+      position (`_positions_as_samples`, inside TF's own host
+      preprocessing: `_truncate_sequences_in_preprocessing`);
+    - tables are stacked and sharded: `read_tables` / `write_tables`
+      convert to and from the per-table layout (`sparsecore_layout.py`).
+    """
+
+    def register(
+        self,
+        layer_name: str,
+        columns: Sequence[AnyEmbeddingColumn],
+        input_keys: frozenset[str] | None,
+        *,
+        config: EmbeddingConfig,
+        step: Any,
+        trigger: Any,
+        counts_step: bool,
+    ) -> EngineTables:
+        """`SharedEngine.register`, after refusing what V2 cannot honour."""
+        refuse_what_sparse_core_cannot_honour(
+            layer_name, columns, config, step=step.value
+        )
+        return super().register(
+            layer_name,
+            columns,
+            input_keys,
+            config=config,
+            step=step,
+            trigger=trigger,
+            counts_step=counts_step,
+        )
+
+    def _make_mid_level(self) -> Any:
+        # Made at the first step (`_mid_level_for`): the per-replica batch
+        # is not known before.
+        return None
+
+    def _mid_level_for(self, batch: int) -> Any:
+        if self._mid_level is not None:
+            return self._mid_level
+        embedding = tf.tpu.experimental.embedding
+        features = {
+            name: embedding.FeatureConfig(
+                table=feature.table,
+                max_sequence_length=feature.max_sequence_length,
+                output_shape=_output_shape(feature, batch),
+                name=feature.name,
+            )
+            for name, feature in self._feature_configs.items()
+        }
+        mid_level = tpu_hardware.mid_level_class(self.hardware)(
+            feature_config=features,
+            optimizer=self._optimizer,
+            pipeline_execution_with_tensor_core=bool(self._pipeline),
+            # Automatic stacking of tables of one width and optimizer; ids
+            # over the static buffers raise rather than being dropped.
+            sparse_core_embedding_config=embedding.SparseCoreEmbeddingConfig(
+                disable_table_stacking=False, allow_id_dropping=False
+            ),
+        )
+        _truncate_sequences_in_preprocessing(mid_level)
+        self._mid_level = mid_level
+        with tf.init_scope():
+            mid_level.build()
+            self._pending = {**self._initial_tables(), **self._pending}
+            self._load_pending()
+        return mid_level
+
+    def _initial_tables(self) -> dict[tuple[str, str], Any]:
+        """Each table as its initializer makes it on one device.
+
+        `TPUEmbeddingV2` initializes the stacked variable per SparseCore
+        shard, calling each table's initializer for its padded shape
+        (`_create_variables`, `table_initialize_fn_non_batch`): a Keras
+        initializer's values depend on the shape, so the tables would not
+        start where the same columns' tables start on CPU. They are
+        written here, in the SparseCore layout, after TF built them; the
+        slots keep TF's initial values (constants). Each whole table and
+        its stack are held in host memory while they are written: tables
+        larger than a host's memory are not supported on SparseCore yet.
+        """
+        tables = {f.table.name: f.table for f in self._feature_configs.values()}
+        return {
+            (name, "parameters"): np.asarray(
+                table.initializer(
+                    (table.vocabulary_size, table.dim), dtype=tf.float32
+                )
+            )
+            for name, table in tables.items()
+        }
+
+    def _dequeue_with_trap(
+        self,
+        name: str,
+        features: dict[str, Tensor],
+        weights: dict[str, Tensor | None] | None,
+    ) -> list[Tensor]:
+        """The V2 lookup inside the gradient trap; its backward pass calls
+        `apply_gradients` with the lookup's preprocessed inputs."""
+        mid_level = self._mid_level_for(int(self._batch_size or 0))
+        preserved: dict[str, Any] = {}
+
+        def lookup() -> list[Tensor]:
+            activations, outputs = mid_level(features, weights)
+            preserved["outputs"] = outputs
+            return list(tf.nest.flatten(activations))
+
+        def apply_gradients(gradients: list[Tensor]) -> Tensor:
+            packed = self._scaled_gradients(
+                tf.nest.pack_sequence_as(self._feature_configs, gradients)
+            )
+            mid_level.apply_gradients(
+                packed, preserved_outputs=preserved["outputs"]
+            )
+            return self._count_step()
+
+        return trap_gradients(
+            lookup,
+            [member.trigger.value for member in self._members],
+            apply_gradients,
+        )
+
+    # -------------------------------------------------------------- tables
+
+    def _stacked(self, stack: str, slot: str) -> np.ndarray:
+        """A stacked table or slot, every shard in order."""
+        variable = self._mid_level.variables[stack][slot]
+        return np.concatenate([np.asarray(v.numpy()) for v in variable.values])
+
+    def _read_created(
+        self, keys: list[tuple[str, str]]
+    ) -> dict[tuple[str, str], Any]:
+        layouts = self._mid_level.embedding_layouts
+        stacked: dict[tuple[str, str], np.ndarray] = {}
+        values = {}
+        for table, slot in keys:
+            layout = layouts[table]
+            key = (layout.stacked_table_name, slot)
+            if key not in stacked:
+                stacked[key] = self._stacked(*key)
+            values[(table, slot)] = sparsecore_layout.unstack_table(
+                stacked[key], layout
+            )
+        return values
+
+    def _load_pending(self) -> None:
+        layouts = self._mid_level.embedding_layouts
+        by_stack: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
+        for (table, slot), value in self._pending.items():
+            layout = layouts[table]
+            by_stack.setdefault((layout.stacked_table_name, slot), []).append(
+                (layout, value)
+            )
+        for (stack, slot), tables in by_stack.items():
+            value = self._stacked(stack, slot)
+            for layout, table_value in tables:
+                value = sparsecore_layout.restack_table(
+                    value, table_value, layout
+                )
+            start = 0
+            for shard in self._mid_level.variables[stack][slot].values:
+                rows = int(shard.shape[0])
+                shard.assign(value[start : start + rows])
+                start += rows
+        self._pending = {}

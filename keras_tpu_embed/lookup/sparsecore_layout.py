@@ -1,0 +1,119 @@
+"""SparseCore tables: stacked and sharded on the TPU, whole on CPU.
+
+`TPUEmbeddingV2` (`tpu_embedding_v3.py`) stacks tables of one width and
+optimizer into one variable per stack and spreads its rows over every
+SparseCore of the system. TF documents where a row goes
+(`tpu_embedding_v3_utils.map_indices_in_shard`): row `r` of a table lives on
+SparseCore `(r % n + rotation) % n` of the `n`, at row
+`offset + r // n` of that core's shard, where the table's `offset` in the
+shard and its `rotation` are in its `SparseCoreTableLayout`. The stacked
+variable is the `n` shards one after the other, `total_rows_per_sparse_core_
+shard` rows each, with every table padded to the stack's width
+(`unsharded_padded_shape`). Slots have the layout of their table.
+
+`unstack_table` takes one table out of a stacked value with TF's own
+`unshuffle_from_sc_to_cpu` and `remove_padding_from_sc` (what TF's
+checkpoint adapter runs to restore a SparseCore checkpoint on CPU);
+`restack_table` writes a whole CPU table back into its rows, leaving the
+other tables of the stack and the padding as they are. keras-rs
+un-shards an unstacked table the same way
+(`DistributedEmbedding._sparsecore_get_embedding_tables`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_nest
+from keras_tpu_embed._compat import tf_tpu_embedding_v3
+from keras_tpu_embed._compat import tf_tpu_embedding_v3_utils
+
+
+def stacking_layouts(
+    feature_configs: dict[str, Any], partitions: int, cores_per_partition: int
+) -> dict[str, Any]:
+    """`{table name: SparseCoreTableLayout}` as `TPUEmbeddingV2` stacks them.
+
+    Runs TF's own stacking on copies of `feature_configs` (each with its
+    `output_shape` set), for `partitions` TPU chips (replicas) of
+    `cores_per_partition` SparseCores each.
+    """
+    features = tf_tpu_embedding_v3._clone_feature_config(feature_configs)
+    tables = list({id(f.table): f.table for f in features.values()}.values())
+    stacking = (
+        tf_tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(
+            tables,
+            tf_nest.flatten_with_joined_string_paths(features),
+            partitions,
+            cores_per_partition,
+            None,
+        )
+    )
+    return dict(stacking.table_to_layout)
+
+
+def _check_stacked(stacked: Any, layout: Any) -> None:
+    rows = layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard
+    expected = [rows, layout.unsharded_padded_shape[1]]
+    if list(stacked.shape) != expected:
+        raise ValueError(
+            f"The stacked table '{layout.stacked_table_name}' holding "
+            f"'{layout.table_name}' has shape {list(stacked.shape)}; its "
+            f"SparseCore layout says {expected}."
+        )
+
+
+def unstack_table(stacked: Any, layout: Any) -> np.ndarray:
+    """One table, `[vocabulary_size, dim]`, out of its stacked value.
+
+    Args:
+        stacked: The whole stacked variable's value (every shard, in order).
+        layout: The table's `SparseCoreTableLayout`.
+    """
+    _check_stacked(stacked, layout)
+    utils = tf_tpu_embedding_v3_utils
+    padded = utils.unshuffle_from_sc_to_cpu(
+        tf.convert_to_tensor(stacked),
+        num_sparse_cores=layout.num_sparse_cores,
+        offset_in_shard=layout.sparse_core_shard_row_offset,
+        size_in_shard=layout.unsharded_padded_shape[0]
+        // layout.num_sparse_cores,
+        shard_rotation=layout.sparse_core_shard_rotation,
+    )
+    table = utils.remove_padding_from_sc(padded, tuple(layout.unsharded_shape))
+    return np.asarray(table.numpy())
+
+
+def restack_table(stacked: Any, table: Any, layout: Any) -> np.ndarray:
+    """A copy of `stacked` with `table`'s rows written where they live.
+
+    Args:
+        stacked: The whole stacked variable's value.
+        table: The table, `[vocabulary_size, dim]` (the CPU layout).
+        layout: The table's `SparseCoreTableLayout`.
+
+    Raises:
+        ValueError: `table` or `stacked` has another shape than the layout.
+    """
+    _check_stacked(stacked, layout)
+    shape = list(layout.unsharded_shape)
+    table = np.asarray(table)
+    if list(table.shape) != shape:
+        raise ValueError(
+            f"Cannot write table '{layout.table_name}' of shape "
+            f"{shape} on SparseCore from a value of shape "
+            f"{list(table.shape)}."
+        )
+    cores = layout.num_sparse_cores
+    rows = np.arange(shape[0])
+    # `map_indices_in_shard`: the core and the row within its shard.
+    core = (rows % cores + layout.sparse_core_shard_rotation) % cores
+    position = layout.sparse_core_shard_row_offset + rows // cores
+    result = np.array(stacked, dtype=np.float32, copy=True)
+    result[
+        core * layout.total_rows_per_sparse_core_shard + position, : shape[1]
+    ] = table
+    return result
