@@ -17,7 +17,6 @@ import dataclasses
 from typing import Any
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.columns import IdentityColumn
 from keras_tpu_embed.types import Tensor
 
 PADDING_ID = -1
@@ -307,11 +306,8 @@ def map_to_default(
 
 def identity_default(column: Any) -> int | None:
     """The id that out-of-range ids map to, for identity columns."""
-    base = column.categorical_column.base
-    if isinstance(base, IdentityColumn):
-        default: int | None = base.default_value
-        return default
-    return None
+    default: int | None = column.categorical_column.out_of_range_id
+    return default
 
 
 def prunes_weights(column: Any) -> bool:

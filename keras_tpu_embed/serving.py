@@ -23,7 +23,6 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import print_msg
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.columns import CrossedColumn
 from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
@@ -86,9 +85,9 @@ def _cross_padding(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
     `serving_default` signature (`""`, or -1 for integer keys).
 
     A dense input reaches TF's cross op with every value, padding included
-    (`id_mapping.crossed_ids`); the signature's padding is not a value, so
-    it is dropped before crossing, as `serve_examples` and ragged or sparse
-    training inputs have none.
+    (`columns.id_mapping.crossed_ids`); the signature's padding is not a
+    value, so it is dropped before crossing, as `serve_examples` and ragged
+    or sparse training inputs have none.
 
     Raises:
         ValueError: a crossed key also read by a weighted column, whose ids
@@ -97,14 +96,9 @@ def _cross_padding(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
     pads: dict[str, Any] = {}
     crossed_by: dict[str, str] = {}
     for column in preprocessor.categorical_columns:
-        base = column.base
-        if not isinstance(base, CrossedColumn):
-            continue
-        dtypes = iter(base.key_dtypes or ())
-        for key in base.keys:
-            if isinstance(key, str):
-                pads[key] = "" if next(dtypes) == "string" else -1
-                crossed_by[key] = base.name
+        crossed = column.base.crossed_padding
+        pads.update(crossed)
+        crossed_by.update(dict.fromkeys(crossed, column.base.name))
     for column in preprocessor.categorical_columns:
         if not column.weight_feature_key:
             continue

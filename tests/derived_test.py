@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed import id_mapping
 from keras_tpu_embed.columns import derived
+from keras_tpu_embed.columns import id_mapping
 from tests import testing
 
 

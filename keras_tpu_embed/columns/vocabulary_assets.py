@@ -33,26 +33,33 @@ from typing import Any
 from typing import Sequence
 
 from keras_tpu_embed.columns.categorical import VocabularyFileColumn
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 
 MANIFEST = "vocabularies.json"
 
 _EXTRACTED: list[str] = []
 
 
-def vocabulary_file_columns(columns: Sequence[Any]) -> list[Any]:
-    """The `VocabularyFileColumn`s under `columns`, one per file path."""
-    found: dict[str, Any] = {}
+def vocabulary_file_columns(
+    columns: Sequence[Any],
+) -> list[VocabularyFileColumn]:
+    """The `VocabularyFileColumn`s under `columns`, one per file path.
+
+    Takes categorical and embedding columns (their categorical column).
+    """
+    found: dict[str, VocabularyFileColumn] = {}
     for column in columns:
-        base = _innermost(column)
-        if isinstance(base, VocabularyFileColumn):
-            found.setdefault(base.vocabulary_file, base)
+        for reader in _categorical(column).vocabulary_files():
+            found.setdefault(reader.vocabulary_file, reader)
     return list(found.values())
 
 
-def _innermost(column: Any) -> Any:
-    while hasattr(column, "categorical_column"):
-        column = column.categorical_column
-    return column
+def _categorical(column: Any) -> CategoricalColumn:
+    """A categorical column, or an embedding column's categorical column."""
+    if isinstance(column, CategoricalColumn):
+        return column
+    categorical: CategoricalColumn = column.categorical_column
+    return categorical
 
 
 def _sha256(path: str) -> str:
@@ -117,16 +124,11 @@ def load_vocabularies(columns: Sequence[Any], directory: str) -> list[Any]:
 
 def _with_vocabulary_files(column: Any, moved: dict[str, str]) -> Any:
     """`column` with its vocabulary file replaced per `moved`, if listed."""
-    if isinstance(column, VocabularyFileColumn):
-        target = moved.get(column.vocabulary_file)
-        if target is None:
-            return column
-        return dataclasses.replace(column, vocabulary_file=target)
-    inner = getattr(column, "categorical_column", None)
-    if inner is None:
-        return column
-    replaced = _with_vocabulary_files(inner, moved)
-    if replaced is inner:
+    categorical = _categorical(column)
+    replaced = categorical.with_vocabulary_files(moved)
+    if categorical is column:
+        return replaced
+    if replaced is categorical:
         return column
     return dataclasses.replace(column, categorical_column=replaced)
 

@@ -1,25 +1,57 @@
-"""Raw values to ids, one categorical column at a time, on the host.
+"""Raw values to ids: the id mapping each column kind owns.
 
-Identity columns pass ids through (out-of-range ones to `default_value` or a
-range error), hashed columns hash with TensorFlow's `to_hash_bucket_fast`
-(as `tf.feature_column` does), vocabulary columns look values up in a
-`tf.lookup` table built from the list or the file (OOV buckets, or -1 /
-`default_value` for unknown values). `FeaturePreprocessor` applies one
-`IdMapper` per column, inside `tf.data` and inside the serving graph.
+Every categorical spec answers `id_mapping()` with an object of the
+`IdMapping` protocol: the `tf.lookup` table it holds, if any, and a call
+that turns the raw features into the column's ids. The objects here are
+the kinds of this package: identity columns pass ids through (out-of-range
+ones to `default_value` or a range error), hashed columns hash with
+TensorFlow's `to_hash_bucket_fast` (as `tf.feature_column` does),
+vocabulary columns look values up in a `tf.lookup` table built from the
+list or the file (OOV buckets, or -1 / `default_value` for unknown
+values), bucketized and crossed columns compute their ids from other
+features. `FeaturePreprocessor` applies one mapping per column, inside
+`tf.data` and inside the serving graph.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import Mapping
+from typing import Protocol
 
-from keras_tpu_embed import columns as columns_lib
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
 from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
 from keras_tpu_embed.ids import ids_below
 from keras_tpu_embed.ids import map_to_default
 from keras_tpu_embed.types import Tensor
+
+if TYPE_CHECKING:
+    from keras_tpu_embed.columns.categorical import HashedColumn
+    from keras_tpu_embed.columns.categorical import IdentityColumn
+    from keras_tpu_embed.columns.categorical import VocabularyFileColumn
+    from keras_tpu_embed.columns.categorical import VocabularyListColumn
+    from keras_tpu_embed.columns.categorical_base import CategoricalColumn
+    from keras_tpu_embed.columns.derived import BucketizedColumn
+    from keras_tpu_embed.columns.derived import CrossedColumn
+
+
+class IdMapping(Protocol):
+    """How one column turns its raw features into ids.
+
+    Attributes:
+        table: The `tf.lookup` table the mapping holds (tracked by a
+            SavedModel), or None.
+    """
+
+    table: Any
+
+    def __call__(self, features: Mapping[str, Tensor]) -> tf.SparseTensor:
+        """The column's ids `[batch, n]` from the raw `features` it reads
+        (`column.raw_inputs`)."""
 
 
 def _ignore_value(dtype: tf.DType) -> Any:
@@ -63,7 +95,7 @@ def to_sparse(feature: str, value: Tensor) -> tf.SparseTensor:
 
 
 def check_raw_dtype(
-    feature: str, value: Tensor, column: columns_lib.CategoricalColumn
+    feature: str, value: Tensor, column: CategoricalColumn
 ) -> None:
     want_string = column.base.input_dtype == "string"
     dtype = value.dtype
@@ -79,40 +111,129 @@ def check_raw_dtype(
         )
 
 
-class IdMapper:
-    """Maps the values of one feature to ids with one column's rules."""
+class ValueIds:
+    """The base of kinds that map each value of their feature to one id.
 
-    def __init__(self, column: columns_lib.CategoricalColumn) -> None:
+    Subclasses give `map_values`; the call reads the column's feature,
+    checks its dtype and keeps its structure.
+    """
+
+    table: Any = None
+
+    def __init__(self, column: CategoricalColumn) -> None:
         self.column = column
-        base = column.base
-        self.table: Any = None
-        if isinstance(base, columns_lib.VocabularyListColumn):
-            key_dtype = tf.string if base.dtype == "string" else tf.int64
-            initializer = tf.lookup.KeyValueTensorInitializer(
-                keys=tf.constant(list(base.vocabulary_list), key_dtype),
-                values=tf.range(len(base.vocabulary_list), dtype=tf.int64),
-            )
-            self.table = self._table(
-                initializer, base.num_oov_buckets, base.default_value
-            )
-        elif isinstance(base, columns_lib.VocabularyFileColumn):
-            assert base.vocabulary_size is not None
-            if not os.path.exists(base.vocabulary_file) or (
-                supplied_by_archive(
-                    base.vocabulary_file,
-                    base.key,
-                    base.input_dtype,
-                    base.vocabulary_size,
-                )
-            ):
-                # Rebuilt from a `.keras` config: the archive's copy of the
-                # file arrives in `load_assets`; a call before that reads
-                # the file again (`__call__`).
-                return
-            self.table = self._file_table(base)
 
-    @classmethod
-    def _file_table(cls, base: columns_lib.VocabularyFileColumn) -> Any:
+    def __call__(self, features: Mapping[str, Tensor]) -> tf.SparseTensor:
+        key = self.column.feature_key
+        raw = features[key]
+        check_raw_dtype(key, raw, self.column)
+        sparse = to_sparse(key, raw)
+        ids = self.map_values(sparse.values)
+        return tf.SparseTensor(sparse.indices, ids, sparse.dense_shape)
+
+    def map_values(self, values: Tensor) -> Tensor:
+        """The ids of a vector of raw values."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must define map_values(values)."
+        )
+
+
+class IdentityIds(ValueIds):
+    """Integers that are ids already: range-checked, or to the default."""
+
+    column: IdentityColumn
+
+    def map_values(self, values: Tensor) -> Tensor:
+        base = self.column
+        ids = tf.cast(values, tf.int64)
+        if base.default_value is not None:
+            return map_to_default(ids, base.num_buckets, base.default_value)
+        return ids_below(
+            ids,
+            base.num_buckets,
+            f"Feature '{base.key}' has ids outside [0, "
+            f"{base.num_buckets}) and its identity column has no "
+            "default_value.",
+        )
+
+
+class HashedIds(ValueIds):
+    """Values hashed as `tf.feature_column` hashes them."""
+
+    column: HashedColumn
+
+    def map_values(self, values: Tensor) -> Tensor:
+        if values.dtype != tf.string:
+            values = tf.strings.as_string(values)
+        return tf.strings.to_hash_bucket_fast(
+            values, self.column.hash_bucket_size
+        )
+
+
+def _lookup_table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
+    # Anonymous: TF otherwise shares a file's table by its name, line
+    # count and columns (`TextFileInitializer._shared_name`), so a file
+    # rewritten in place kept its old mapping in every new table of
+    # the process.
+    if num_oov_buckets:
+        return tf.lookup.StaticVocabularyTable(
+            initializer, num_oov_buckets, experimental_is_anonymous=True
+        )
+    return tf.lookup.StaticHashTable(
+        initializer, default, experimental_is_anonymous=True
+    )
+
+
+def _looked_up(table: Any, values: Tensor) -> Tensor:
+    if values.dtype.is_integer and values.dtype != tf.int64:
+        values = tf.cast(values, tf.int64)
+    return table.lookup(values)
+
+
+class VocabularyListIds(ValueIds):
+    """Values looked up in a table built from the in-memory vocabulary."""
+
+    column: VocabularyListColumn
+
+    def __init__(self, column: VocabularyListColumn) -> None:
+        super().__init__(column)
+        key_dtype = tf.string if column.dtype == "string" else tf.int64
+        initializer = tf.lookup.KeyValueTensorInitializer(
+            keys=tf.constant(list(column.vocabulary_list), key_dtype),
+            values=tf.range(len(column.vocabulary_list), dtype=tf.int64),
+        )
+        self.table = _lookup_table(
+            initializer, column.num_oov_buckets, column.default_value
+        )
+
+    def map_values(self, values: Tensor) -> Tensor:
+        return _looked_up(self.table, values)
+
+
+class VocabularyFileIds(ValueIds):
+    """Values looked up in a table built from the vocabulary file."""
+
+    column: VocabularyFileColumn
+
+    def __init__(self, column: VocabularyFileColumn) -> None:
+        super().__init__(column)
+        assert column.vocabulary_size is not None
+        if not os.path.exists(column.vocabulary_file) or (
+            supplied_by_archive(
+                column.vocabulary_file,
+                column.key,
+                column.input_dtype,
+                column.vocabulary_size,
+            )
+        ):
+            # Rebuilt from a `.keras` config: the archive's copy of the
+            # file arrives in `load_assets`; a call before that reads
+            # the file again (`map_values`).
+            return
+        self.table = self._file_table()
+
+    def _file_table(self) -> Any:
+        base = self.column
         key_dtype = tf.string if base.dtype == "string" else tf.int64
         initializer = tf.lookup.TextFileInitializer(
             filename=base.vocabulary_file,
@@ -123,46 +244,16 @@ class IdMapper:
             vocab_size=base.vocabulary_size,
         )
         default = -1 if base.default_value is None else base.default_value
-        return cls._table(initializer, base.num_oov_buckets, default)
+        return _lookup_table(initializer, base.num_oov_buckets, default)
 
-    @staticmethod
-    def _table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
-        # Anonymous: TF otherwise shares a file's table by its name, line
-        # count and columns (`TextFileInitializer._shared_name`), so a file
-        # rewritten in place kept its old mapping in every new table of
-        # the process.
-        if num_oov_buckets:
-            return tf.lookup.StaticVocabularyTable(
-                initializer, num_oov_buckets, experimental_is_anonymous=True
-            )
-        return tf.lookup.StaticHashTable(
-            initializer, default, experimental_is_anonymous=True
-        )
-
-    def __call__(self, values: Tensor) -> Tensor:
-        base = self.column.base
-        if isinstance(base, columns_lib.IdentityColumn):
-            ids = tf.cast(values, tf.int64)
-            if base.default_value is not None:
-                return map_to_default(ids, base.num_buckets, base.default_value)
-            return ids_below(
-                ids,
-                base.num_buckets,
-                f"Feature '{base.key}' has ids outside [0, "
-                f"{base.num_buckets}) and its identity column has no "
-                "default_value.",
-            )
-        if isinstance(base, columns_lib.HashedColumn):
-            if values.dtype != tf.string:
-                values = tf.strings.as_string(values)
-            return tf.strings.to_hash_bucket_fast(values, base.hash_bucket_size)
+    def map_values(self, values: Tensor) -> Tensor:
         if self.table is None:
-            # Only a vocabulary-file column rebuilt from a config whose file
-            # was missing or invalid gets here: read it again, naming what
-            # is wrong, and build the table if it is now valid.
-            assert isinstance(base, columns_lib.VocabularyFileColumn)
+            # Only a column rebuilt from a config whose file was missing
+            # or invalid gets here: read it again, naming what is wrong,
+            # and build the table if it is now valid.
+            base = self.column
             assert base.vocabulary_size is not None
-            tokens = columns_lib.read_vocabulary_file(
+            tokens = read_vocabulary_file(
                 base.vocabulary_file, base.key, base.input_dtype
             )
             if len(tokens) < base.vocabulary_size:
@@ -173,15 +264,11 @@ class IdMapper:
                     " Restore the file the model was trained with."
                 )
             with tf.init_scope():
-                self.table = self._file_table(base)
-        if values.dtype.is_integer and values.dtype != tf.int64:
-            values = tf.cast(values, tf.int64)
-        return self.table.lookup(values)
+                self.table = self._file_table()
+        return _looked_up(self.table, values)
 
 
-def bucketized_ids(
-    column: columns_lib.BucketizedColumn, raw: Tensor
-) -> tf.SparseTensor:
+def bucketized_ids(column: BucketizedColumn, raw: Tensor) -> tf.SparseTensor:
     """A bucketized column's ids: `[batch, size]`, one per number.
 
     As TF computes them: the numbers cast to float32
@@ -220,9 +307,7 @@ def bucketized_ids(
     )
 
 
-def _numbers_per_row(
-    column: columns_lib.BucketizedColumn, raw: Tensor
-) -> Tensor:
+def _numbers_per_row(column: BucketizedColumn, raw: Tensor) -> Tensor:
     """`raw` as `[batch, size]`, refusing any other count per example.
 
     A `[batch, n]` input with `n != size` reshaped to `[-1, size]` would
@@ -257,7 +342,7 @@ def _numbers_per_row(
 
 
 def _check_cross_dtype(
-    column: columns_lib.CrossedColumn, key: str, declared: str, dtype: Any
+    column: CrossedColumn, key: str, declared: str, dtype: Any
 ) -> None:
     """Refuses a crossed key whose values are not of its declared kind.
 
@@ -282,7 +367,7 @@ def _check_cross_dtype(
 
 
 def crossed_ids(
-    column: columns_lib.CrossedColumn, features: dict[str, Tensor]
+    column: CrossedColumn, features: Mapping[str, Tensor]
 ) -> tf.SparseTensor:
     """A crossed column's ids, with TF's own hashing of every combination.
 
@@ -333,19 +418,32 @@ def crossed_ids(
                     value = tf.cast(value, tf.int64)
             inputs.append(value)
         else:
-            inputs.append(bucketized_ids(key, features[key.source_column.key]))
+            inputs.append(key.id_mapping()(features))
     return tf.sparse.cross_hashed(
         inputs, num_buckets=column.hash_bucket_size, hash_key=column.hash_key
     )
 
 
-def derived_ids(
-    column: columns_lib.CategoricalColumn, features: dict[str, Tensor]
-) -> tf.SparseTensor | None:
-    """Ids of a bucketized or crossed column; None for other columns."""
-    base = column.base
-    if isinstance(base, columns_lib.BucketizedColumn):
-        return bucketized_ids(base, features[base.source_column.key])
-    if isinstance(base, columns_lib.CrossedColumn):
-        return crossed_ids(base, features)
-    return None
+class BucketizedIds:
+    """A bucketized column's ids, from its numeric feature."""
+
+    table: Any = None
+
+    def __init__(self, column: BucketizedColumn) -> None:
+        self.column = column
+
+    def __call__(self, features: Mapping[str, Tensor]) -> tf.SparseTensor:
+        source = self.column.source_column
+        return bucketized_ids(self.column, features[source.key])
+
+
+class CrossedIds:
+    """A crossed column's ids, from its keys' features."""
+
+    table: Any = None
+
+    def __init__(self, column: CrossedColumn) -> None:
+        self.column = column
+
+    def __call__(self, features: Mapping[str, Tensor]) -> tf.SparseTensor:
+        return crossed_ids(self.column, features)
