@@ -21,7 +21,6 @@ from keras_tpu_embed import loading
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_symbolic_scope
-from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.columns import vocabulary_assets
@@ -130,6 +129,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # Read by `_table_device` and `_trackable_children`, which run
+        # from here on: set first.
+        self._serving = False  # set by `serving_lookups` while tracing
+        self._serving_override: LookupDevice | None = None
+        self._engine: registry.SharedEngine | None = None
         self.columns = to_embedding_columns(columns)
         self.config = as_config(config)
         self.serving_lookup_device = parse_lookup_device(
@@ -143,7 +147,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         # Decided at build, from the strategy in scope.
         self._training_devices: dict[str, LookupDevice] = {}
         self._built_hardware = tpu_hardware.EmbeddingHardware.NONE
-        self._engine: registry.SharedEngine | None = None
         self._engine_tables: registry.EngineTables | None = None
         self._local = registry.LocalTables(
             [], self.config, self.return_sequence_lengths
@@ -160,9 +163,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             is LookupDevice.TPU_TENSOR_CORE
             for table in self.table_specs
         )
-        # Set by `export_saved_model` while it traces the serving function.
-        self._serving = False
-        self._serving_override: LookupDevice | None = None
         self._inputs = LayerInputs(
             f"{type(self).__name__} '{self.name}'", self.columns
         )
@@ -198,7 +198,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         if not serving and table.name in self._training_devices:
             return self._training_devices[table.name]
         override = self.serving_lookup_device
-        if serving and getattr(self, "_serving_override", None):
+        if serving and self._serving_override:
             override = self._serving_override
         return table_device(table, serving=serving, serving_override=override)
 
@@ -316,7 +316,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         children: dict[str, Any] = super()._trackable_children(
             save_type, **kwargs
         )
-        engine = getattr(self, "_engine", None)
+        engine = self._engine
         if engine is not None and engine.mid_level is not None:
             self._track_engine_tables(engine)
         return children
@@ -509,18 +509,3 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         self.table_specs = list(by_name.values())
         if self.built:
             self._local.use_specs(by_name)
-
-
-def embedding_layers(model_or_layers: Any) -> list[TPUEmbeddingLayer]:
-    """The embedding layers of a model, a layer, or a list of either."""
-    if isinstance(model_or_layers, TPUEmbeddingLayer):
-        return [model_or_layers]
-    if isinstance(model_or_layers, keras.layers.Layer):
-        return [
-            layer
-            for layer in nested_layers(model_or_layers)
-            if isinstance(layer, TPUEmbeddingLayer)
-        ]
-    return [
-        layer for item in model_or_layers for layer in embedding_layers(item)
-    ]
