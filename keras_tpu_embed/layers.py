@@ -39,6 +39,9 @@ from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
 from keras_tpu_embed.lookup.embedding_core import EngineTableCheckpoint
+from keras_tpu_embed.quantization import QuantizedTable
+from keras_tpu_embed.quantization import check_table_dtype
+from keras_tpu_embed.quantization import quantized_copies
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.serialization import with_load_hint
 from keras_tpu_embed.serialization import without_load_hint
@@ -169,22 +172,49 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
 
     @contextlib.contextmanager
     def serving_lookups(
-        self, lookup_device: LookupDevice | None = None
+        self,
+        lookup_device: LookupDevice | None = None,
+        table_dtype: str = "float32",
     ) -> Iterator[None]:
         """Inside, calls trace the serving lookups (what an export holds).
 
         `lookup_device` (CPU or TPU_TENSOR_CORE) overrides the layer's
         `serving_lookup_device` for every table. Each table's serving device
         is resolved first, so an invalid one fails here, naming the column.
+        `table_dtype` (`"float32"`, `"bfloat16"` or `"int8"`) serves the
+        layer's own tables from quantized copies (`quantized_copies`).
+
+        Raises:
+            ValueError: an invalid serving device or `table_dtype`, or a
+                quantized `table_dtype` for tables in the TPU embedding
+                engine (their rows are not the layer's to copy), or a table
+                with NaN or inf values.
         """
+        check_table_dtype(table_dtype)
         saved = (self._serving, self._serving_override)
+        saved_tables = self._local.serving_tables
         self._serving, self._serving_override = True, lookup_device
         try:
             for table in self.table_specs:
                 self._table_device(table, serving=True)
+            self._local.serving_tables = self._quantized(table_dtype)
             yield
         finally:
             self._serving, self._serving_override = saved
+            self._local.serving_tables = saved_tables
+
+    def _quantized(self, table_dtype: str) -> dict[str, QuantizedTable]:
+        local = self._local.table_names
+        engine = [t.name for t in self.table_specs if t.name not in local]
+        if engine and table_dtype != "float32":
+            raise ValueError(
+                f"table_dtype='{table_dtype}' quantizes the tables a layer "
+                f"holds itself, but the tables {engine} of layer "
+                f"'{self.name}' live in the TPU embedding engine. Export them "
+                "with table_dtype='float32'."
+            )
+        tables = {name: self._local.table_variable(name) for name in local}
+        return quantized_copies(tables, table_dtype)
 
     @property
     def input_dtype(self) -> str:
