@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from keras_tpu_embed import loading
+from keras_tpu_embed import layer_variables
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_symbolic_scope
@@ -459,13 +459,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return cls(**config)
 
     def save_own_variables(self, store: Any) -> None:
-        """Stores tables and slots by name (`loading.save_layer_variables`).
+        """Stores tables and slots by name (`layer_variables.py`).
 
         Tables on the TPU embedding engine are read from the TPU and stored
         under the same names as a layer that holds them itself, so the file
         loads into the model on CPU as well.
         """
-        loading.save_layer_variables(self, store)
+        layer_variables.save_layer_variables(self, store)
         engine_keys = self._engine_keys()
         if engine_keys and self._engine is not None:
             values = self._engine.read_tables(self._engine_table_names())
@@ -481,7 +481,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         engine_keys = self._engine_keys()
         keys = [str(key) for key in store.keys()]
         if not engine_keys or all(key.isdigit() for key in keys):
-            if not loading.load_layer_variables(self, store):
+            if not layer_variables.load_layer_variables(self, store):
                 super().load_own_variables(store)
             return
         missing = sorted(set(engine_keys) - set(keys))
@@ -493,7 +493,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 "a file saved from a model with the same columns."
             )
         own = {key: store[key] for key in keys if key not in engine_keys}
-        loading.load_layer_variables(self, own)
+        layer_variables.load_layer_variables(self, own)
         assert self._engine is not None
         self._engine.write_tables(
             {
@@ -513,8 +513,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     def _engine_keys(self) -> dict[str, tuple[str, str]]:
         """File key -> (table, slot) of this layer's engine tables.
 
-        The keys of `loading.save_layer_variables`: `<table>` for the table,
-        `<table>.S<slot>` for a slot.
+        The keys of `layer_variables.save_layer_variables`: `<table>` for
+        the table, `<table>.S<slot>` for a slot.
         """
         if self._engine is None:
             return {}

@@ -26,10 +26,10 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
+from keras_tpu_embed.export_records import record_table_dtype
+from keras_tpu_embed.export_records import write_digests
+from keras_tpu_embed.export_records import write_export_info
 from keras_tpu_embed.layers_in_model import embedding_layers
-from keras_tpu_embed.loading import record_table_dtype
-from keras_tpu_embed.loading import write_digests
-from keras_tpu_embed.loading import write_export_info
 from keras_tpu_embed.preprocessing import FeaturePreprocessor
 from keras_tpu_embed.preprocessing import make_parse_example_spec
 from keras_tpu_embed.quantization import check_table_dtype

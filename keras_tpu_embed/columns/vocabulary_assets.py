@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -34,6 +33,7 @@ from typing import Sequence
 
 from keras_tpu_embed.columns.categorical import VocabularyFileColumn
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
+from keras_tpu_embed.export_records import file_sha256
 
 MANIFEST = "vocabularies.json"
 
@@ -62,14 +62,6 @@ def _categorical(column: Any) -> CategoricalColumn:
     return categorical
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def save_vocabularies(columns: Sequence[Any], directory: str) -> None:
     """Copies the vocabulary files of `columns` into `directory`."""
     manifest = {}
@@ -87,7 +79,7 @@ def save_vocabularies(columns: Sequence[Any], directory: str) -> None:
             "asset": asset,
             "column": column.key,
             "vocabulary_size": column.vocabulary_size,
-            "sha256": _sha256(source),
+            "sha256": file_sha256(source),
         }
     with open(os.path.join(directory, MANIFEST), "w") as handle:
         json.dump(manifest, handle, indent=1, sort_keys=True)
@@ -108,7 +100,7 @@ def load_vocabularies(columns: Sequence[Any], directory: str) -> list[Any]:
     moved = {}
     for source, entry in manifest.items():
         asset = os.path.join(directory, entry["asset"])
-        if not os.path.exists(asset) or _sha256(asset) != entry["sha256"]:
+        if not os.path.exists(asset) or file_sha256(asset) != entry["sha256"]:
             raise ValueError(
                 f"The vocabulary of column '{entry['column']}' in this "
                 f"archive ({entry['asset']}, saved from {source}) is missing "
