@@ -83,7 +83,9 @@ def check_ids_dtype(feature: str, ids: Tensor) -> Tensor:
     return ids
 
 
-def _check_weights_dtype(feature: str, weights: Tensor) -> Tensor:
+def checked_weights(feature: str, weights: Tensor) -> Tensor:
+    """Numeric `weights` (dense, ragged or sparse) as float32, after a
+    run-time check that none is NaN or inf."""
     dtype = weights.dtype
     if not (dtype.is_floating or dtype.is_integer):
         raise TypeError(
@@ -99,11 +101,12 @@ def _check_weights_dtype(feature: str, weights: Tensor) -> Tensor:
         return tf.identity(weights) if _form(weights) == "dense" else weights
 
 
-def _rank(feature: str, value: Tensor) -> int:
+def check_rank(feature: str, value: Tensor) -> int:
+    """The rank of a feature's values (raw, ids or weights): 1 or 2."""
     rank = value.shape.rank
     if rank is None:
         raise ValueError(
-            f"Feature '{feature}' has unknown rank; ids must be rank 1 "
+            f"Feature '{feature}' has unknown rank; it must be rank 1 "
             "`[batch]` or rank 2 `[batch, n]`."
         )
     if rank not in (1, 2):
@@ -136,7 +139,7 @@ def to_id_batch(
     """
     form = _form(ids)
     ids = check_ids_dtype(feature, ids)
-    rank = _rank(feature, ids)
+    rank = check_rank(feature, ids)
     weight_name = weight_feature or f"{feature} weights"
     if weights is not None:
         if _form(weights) != form:
@@ -144,8 +147,8 @@ def to_id_batch(
                 f"Weight feature '{weight_name}' is {_form(weights)} but its "
                 f"ids '{feature}' are {form}: give both in one form."
             )
-        weights = _check_weights_dtype(weight_name, weights)
-        if _rank(weight_name, weights) != rank:
+        weights = checked_weights(weight_name, weights)
+        if check_rank(weight_name, weights) != rank:
             raise ValueError(
                 f"Weight feature '{weight_name}' has rank "
                 f"{weights.shape.rank} but its ids '{feature}' have rank "

@@ -23,6 +23,7 @@ from keras_tpu_embed.columns import to_categorical_column
 from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.devices import LookupDevice
+from keras_tpu_embed.ids import checked_weights
 from keras_tpu_embed.ids import densify
 from keras_tpu_embed.ids import width_of
 from keras_tpu_embed.serialization import serializable
@@ -352,17 +353,7 @@ def _weights_like(
         )
         with tf.control_dependencies([check]):
             values = tf.gather_nd(weights, ids.indices)
-    if not (values.dtype.is_floating or values.dtype.is_integer):
-        raise TypeError(
-            f"Weight feature '{weight_key}' must be numeric, got dtype "
-            f"{values.dtype.name}."
-        )
-    values = tf.cast(values, tf.float32)
-    finite = tf.debugging.assert_all_finite(
-        values, f"Weight feature '{weight_key}' holds NaN or inf values."
-    )
-    with tf.control_dependencies([finite]):
-        values = tf.identity(values)
+    values = checked_weights(weight_key, values)
     return tf.SparseTensor(ids.indices, values, ids.dense_shape)
 
 

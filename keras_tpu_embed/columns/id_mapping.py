@@ -25,6 +25,7 @@ from typing import Protocol
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
 from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
+from keras_tpu_embed.ids import check_rank
 from keras_tpu_embed.ids import ids_below
 from keras_tpu_embed.ids import map_to_default
 from keras_tpu_embed.types import Tensor
@@ -68,30 +69,24 @@ def to_sparse(feature: str, value: Tensor) -> tf.SparseTensor:
             )
         return value.to_sparse()
     if isinstance(value, tf.SparseTensor):
-        rank = value.shape.rank
-        if rank == 1:
+        if check_rank(feature, value) == 1:
             return tf.sparse.reshape(value, [-1, 1])
-        if rank != 2:
-            raise ValueError(
-                f"Feature '{feature}' must be rank 1 or 2, got a sparse "
-                f"tensor of rank {rank}."
-            )
         return value
-    value = tf.convert_to_tensor(value)
-    rank = value.shape.rank
-    if rank == 1:
-        value = value[:, tf.newaxis]
-    elif rank != 2:
-        raise ValueError(
-            f"Feature '{feature}' must be rank 1 `[batch]` or rank 2 "
-            f"`[batch, n]`, got shape {value.shape}."
-        )
+    value = dense_rank_2(feature, value)
     keep = tf.not_equal(value, _ignore_value(value.dtype))
     return tf.SparseTensor(
         indices=tf.where(keep),
         values=tf.boolean_mask(value, keep),
         dense_shape=tf.shape(value, out_type=tf.int64),
     )
+
+
+def dense_rank_2(feature: str, value: Tensor) -> Tensor:
+    """A dense `[batch]` or `[batch, n]` feature as `[batch, n]`."""
+    value = tf.convert_to_tensor(value)
+    if check_rank(feature, value) == 1:
+        return value[:, tf.newaxis]
+    return value
 
 
 def check_raw_dtype(
@@ -391,14 +386,7 @@ def crossed_ids(
                 value = to_sparse(key, value)
                 values = value.values
             else:
-                value = tf.convert_to_tensor(value)
-                if value.shape.rank == 1:
-                    value = value[:, tf.newaxis]
-                if value.shape.rank != 2:
-                    raise ValueError(
-                        f"Feature '{key}' must be rank 1 `[batch]` or rank 2 "
-                        f"`[batch, n]`, got shape {value.shape}."
-                    )
+                value = dense_rank_2(key, value)
                 values = value
             if not (values.dtype.is_integer or values.dtype == tf.string):
                 raise TypeError(
