@@ -15,9 +15,50 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from typing import Protocol
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.types import Tensor
+
+
+class _IdSource(Protocol):
+    @property
+    def out_of_range_id(self) -> int | None:
+        """See `CategoricalColumn.out_of_range_id`."""
+
+
+class LookupColumn(Protocol):
+    """What the id rules read of an embedding column
+    (`columns/embedding.py`; not imported here, as it imports this)."""
+
+    @property
+    def name(self) -> str:
+        """The column's name."""
+
+    @property
+    def categorical_column(self) -> _IdSource:
+        """Its categorical column."""
+
+    @property
+    def combiner(self) -> str:
+        """The combiner: "sum", "mean" or "sqrtn"."""
+
+    @property
+    def use_safe_embedding_lookup(self) -> bool:
+        """Whether non-positive weights are pruned."""
+
+    @property
+    def is_sequence(self) -> bool:
+        """Whether it is a sequence column."""
+
+    @property
+    def max_sequence_length(self) -> int:
+        """A sequence column's length (0: none)."""
+
+    @property
+    def tensor_core_shape(self) -> tuple[int | None, int] | None:
+        """`[batch, ids_per_example]` on the tensor core, if given."""
+
 
 PADDING_ID = -1
 """Dense inputs use -1 for "no id here", as `tf.feature_column` does."""
@@ -307,13 +348,12 @@ def map_to_default(
     return tf.where(outside, tf.constant(default, ids.dtype), ids)
 
 
-def identity_default(column: Any) -> int | None:
+def identity_default(column: LookupColumn) -> int | None:
     """The id that out-of-range ids map to, for identity columns."""
-    default: int | None = column.categorical_column.out_of_range_id
-    return default
+    return column.categorical_column.out_of_range_id
 
 
-def prunes_weights(column: Any) -> bool:
+def prunes_weights(column: LookupColumn) -> bool:
     """Whether non-positive weights are pruned (safe mean / sqrtn)."""
     return bool(column.use_safe_embedding_lookup and column.combiner != "sum")
 
@@ -344,7 +384,7 @@ def densify(values: Tensor, width: int, pad: Any) -> Tensor:
     return fit_width(values, width, pad)
 
 
-def width_of(column: Any) -> int:
+def width_of(column: LookupColumn) -> int:
     """Ids per example on the tensor core: the sequence length, else
     `tensor_core_shape[1]`."""
     if column.is_sequence:

@@ -8,9 +8,31 @@ Keras' creation-order positions.
 from __future__ import annotations
 
 from typing import Any
+from typing import Protocol
+
+from keras_tpu_embed.tables import TableSpec
 
 
-def _named_layer_variables(layer: Any) -> dict[str, Any]:
+class EmbeddingLayerState(Protocol):
+    """What these functions read of an embedding layer (`layers.py`)."""
+
+    name: str
+    built: bool
+    embedding_step: Any
+    gradient_trap: Any
+
+    @property
+    def local_table_specs(self) -> list[TableSpec]:
+        """The tables the layer holds itself."""
+
+    def table_variable(self, table_name: str) -> Any:
+        """The table's variable."""
+
+    def slot_variables(self, table_name: str) -> dict[str, Any]:
+        """The table's optimizer slots, by slot name."""
+
+
+def _named_layer_variables(layer: EmbeddingLayerState) -> dict[str, Any]:
     """A built embedding layer's own variables, keyed by what they are.
 
     Tables by table name, slots as `<table>.S<slot>` (the mid-level API's
@@ -27,7 +49,7 @@ def _named_layer_variables(layer: Any) -> dict[str, Any]:
     return named
 
 
-def save_layer_variables(layer: Any, store: Any) -> None:
+def save_layer_variables(layer: EmbeddingLayerState, store: Any) -> None:
     """`save_own_variables` of the embedding layers: by name, not position.
 
     Keras' `Layer.save_own_variables` stores variables as `"0"`, `"1"`, ...
@@ -40,7 +62,7 @@ def save_layer_variables(layer: Any, store: Any) -> None:
         store[key] = variable.numpy()
 
 
-def load_layer_variables(layer: Any, store: Any) -> bool:
+def load_layer_variables(layer: EmbeddingLayerState, store: Any) -> bool:
     """`load_own_variables` by name; False for a file stored by position.
 
     Files written before the layers saved by name hold `"0"`, `"1"`, ...:

@@ -47,6 +47,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.columns import read_vocabulary_file
 from keras_tpu_embed.layers_in_model import embedding_layers
+from keras_tpu_embed.tables import TableSpec
 
 _OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 SLOT_SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -77,7 +78,7 @@ class WarmStartReport:
     remapped: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def _candidates(table: Any) -> list[str]:
+def _candidates(table: TableSpec) -> list[str]:
     """The names a legacy model gives `table`'s variable."""
     first = table.columns[0]
     if isinstance(first, SharedEmbeddingColumn):
@@ -154,7 +155,7 @@ def _check_table_keys(
 
 
 def _remap_vocabularies(
-    table: Any, vocabularies: tuple[Any, Any]
+    table: TableSpec, vocabularies: tuple[Any, Any]
 ) -> tuple[list[Any], list[Any]]:
     """Checked `(old, new)` token lists for `table`.
 
@@ -171,8 +172,9 @@ def _remap_vocabularies(
             "token lists or vocabulary files. Received: "
             f"{vocabularies!r}"
         ) from None
-    owns = [column.categorical_column.vocabulary() for column in table.columns]
-    if any(own is None for own in owns):
+    found = [column.categorical_column.vocabulary() for column in table.columns]
+    owns = [own for own in found if own is not None]
+    if len(owns) != len(found):
         raise ValueError(
             f"vocabularies= remaps rows by token, but table '{table.name}' "
             "is read by a column without a vocabulary (identity, hashed, "
@@ -376,7 +378,7 @@ def warm_start(
             def read(
                 tensor_name: str,
                 variable: Any,
-                table: Any = table,
+                table: TableSpec = table,
                 remap: tuple[list[Any], list[Any]] | None = remap,
             ) -> np.ndarray:
                 value = reader.get_tensor(keys[tensor_name])
