@@ -16,6 +16,8 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import id_mapping as mappings
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
+from keras_tpu_embed.columns.categorical_base import IdMapping
+from keras_tpu_embed.columns.categorical_base import VocabularyFile
 from keras_tpu_embed.columns.vocabulary_files import STRING_DTYPES
 from keras_tpu_embed.columns.vocabulary_files import check_file_format
 from keras_tpu_embed.columns.vocabulary_files import check_oov
@@ -78,8 +80,8 @@ class IdentityColumn(CategoricalColumn):
                 f"Received: default_value={self.default_value}"
             )
 
-    def id_mapping(self) -> mappings.IdMapping:
-        return mappings.IdentityIds(self)
+    def id_mapping(self) -> IdMapping:
+        return mappings.IdentityIds(self, self.default_value)
 
     @property
     def out_of_range_id(self) -> int | None:
@@ -137,8 +139,10 @@ class VocabularyListColumn(CategoricalColumn):
     def input_dtype(self) -> str:
         return self.dtype
 
-    def id_mapping(self) -> mappings.IdMapping:
-        return mappings.VocabularyListIds(self)
+    def id_mapping(self) -> IdMapping:
+        return mappings.VocabularyListIds(
+            self, self.vocabulary_list, self.num_oov_buckets, self.default_value
+        )
 
     def vocabulary(self) -> tuple[list[Any], bool] | None:
         return list(self.vocabulary_list), self.dtype in STRING_DTYPES
@@ -214,8 +218,15 @@ class VocabularyFileColumn(CategoricalColumn):
     def input_dtype(self) -> str:
         return self.dtype
 
-    def id_mapping(self) -> mappings.IdMapping:
-        return mappings.VocabularyFileIds(self)
+    def id_mapping(self) -> IdMapping:
+        assert self.vocabulary_size is not None
+        return mappings.VocabularyFileIds(
+            self,
+            self.vocabulary_file,
+            self.vocabulary_size,
+            self.num_oov_buckets,
+            self.default_value,
+        )
 
     def vocabulary(self) -> tuple[list[Any], bool] | None:
         string = self.dtype in STRING_DTYPES
@@ -224,7 +235,7 @@ class VocabularyFileColumn(CategoricalColumn):
         )[: self.vocabulary_size]
         return (tokens if string else [int(t) for t in tokens]), string
 
-    def vocabulary_files(self) -> list[VocabularyFileColumn]:
+    def vocabulary_files(self) -> list[VocabularyFile]:
         return [self]
 
     def with_vocabulary_files(self, moved: dict[str, str]) -> CategoricalColumn:
@@ -269,7 +280,7 @@ class HashedColumn(CategoricalColumn):
     def input_dtype(self) -> str:
         return self.dtype
 
-    def id_mapping(self) -> mappings.IdMapping:
+    def id_mapping(self) -> IdMapping:
         return mappings.HashedIds(self)
 
 
@@ -328,7 +339,7 @@ class WeightedColumn(CategoricalColumn):
     def base(self) -> CategoricalColumn:
         return self.categorical_column
 
-    def id_mapping(self) -> mappings.IdMapping:
+    def id_mapping(self) -> IdMapping:
         return self.categorical_column.id_mapping()
 
     @property
@@ -338,7 +349,7 @@ class WeightedColumn(CategoricalColumn):
     def vocabulary(self) -> tuple[list[Any], bool] | None:
         return self.categorical_column.vocabulary()
 
-    def vocabulary_files(self) -> list[VocabularyFileColumn]:
+    def vocabulary_files(self) -> list[VocabularyFile]:
         return self.categorical_column.vocabulary_files()
 
     def with_vocabulary_files(self, moved: dict[str, str]) -> CategoricalColumn:

@@ -15,10 +15,42 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import Mapping
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from keras_tpu_embed.columns.categorical import VocabularyFileColumn
-    from keras_tpu_embed.columns.id_mapping import IdMapping
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.types import Tensor
+
+
+class IdMapping(Protocol):
+    """How one column turns its raw features into ids.
+
+    Attributes:
+        table: The `tf.lookup` table the mapping holds (tracked by a
+            SavedModel), or None.
+    """
+
+    table: Any
+
+    def __call__(self, features: Mapping[str, Tensor]) -> tf.SparseTensor:
+        """The column's ids `[batch, n]` from the raw `features` it reads
+        (`column.raw_inputs`)."""
+
+
+class VocabularyFile(Protocol):
+    """A column that reads a vocabulary file (`VocabularyFileColumn`)."""
+
+    @property
+    def key(self) -> str:
+        """The column's feature key."""
+
+    @property
+    def vocabulary_file(self) -> str:
+        """The file's path."""
+
+    @property
+    def vocabulary_size(self) -> int | None:
+        """The lines it reads."""
 
 
 class CategoricalColumn:
@@ -105,7 +137,7 @@ class CategoricalColumn:
         None for a kind without a vocabulary."""
         return None
 
-    def vocabulary_files(self) -> list[VocabularyFileColumn]:
+    def vocabulary_files(self) -> list[VocabularyFile]:
         """The columns under this one that read a vocabulary file."""
         return []
 

@@ -9,7 +9,7 @@ combination of the values of its keys (string or integer features, or
 bucketized columns) with TensorFlow's own `sparse_cross_hashed`, as
 `CrossedColumn.get_sparse_tensors` does, so the ids are TF's. Both read
 raw features (`raw_inputs`) other than the ids feature they produce
-(`feature_key`); `id_mapping.py` computes the ids.
+(`feature_key`); `derived_ids.py` computes the ids.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Any
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_feature_column_v2 as fc
-from keras_tpu_embed.columns import id_mapping as mappings
+from keras_tpu_embed.columns import derived_ids
 from keras_tpu_embed.columns.categorical import dtype_name
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
+from keras_tpu_embed.columns.categorical_base import IdMapping
 from keras_tpu_embed.serialization import serializable
 
 
@@ -134,8 +135,8 @@ class BucketizedColumn(CategoricalColumn):
     def numeric_sources(self) -> dict[str, NumericColumn]:
         return {self.source_column.key: self.source_column}
 
-    def id_mapping(self) -> mappings.IdMapping:
-        return mappings.BucketizedIds(self)
+    def id_mapping(self) -> IdMapping:
+        return derived_ids.BucketizedIds(self)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -248,8 +249,8 @@ class CrossedColumn(CategoricalColumn):
                 pads[key] = "" if next(dtypes) == "string" else -1
         return pads
 
-    def id_mapping(self) -> mappings.IdMapping:
-        return mappings.CrossedIds(self)
+    def id_mapping(self) -> IdMapping:
+        return derived_ids.CrossedIds(self)
 
     def get_config(self) -> dict[str, Any]:
         return {

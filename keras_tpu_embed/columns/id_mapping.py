@@ -1,58 +1,32 @@
 """Raw values to ids: the id mapping each column kind owns.
 
 Every categorical spec answers `id_mapping()` with an object of the
-`IdMapping` protocol: the `tf.lookup` table it holds, if any, and a call
-that turns the raw features into the column's ids. The objects here are
-the kinds of this package: identity columns pass ids through (out-of-range
-ones to `default_value` or a range error), hashed columns hash with
-TensorFlow's `to_hash_bucket_fast` (as `tf.feature_column` does),
-vocabulary columns look values up in a `tf.lookup` table built from the
-list or the file (OOV buckets, or -1 / `default_value` for unknown
-values), bucketized and crossed columns compute their ids from other
-features. `FeaturePreprocessor` applies one mapping per column, inside
-`tf.data` and inside the serving graph.
+`IdMapping` protocol (`categorical_base.py`): the `tf.lookup` table it
+holds, if any, and a call that turns the raw features into the column's
+ids. The objects here (and in `derived_ids.py`) are the kinds of this
+package; each spec passes its own fields to its mapping. Identity columns
+pass ids through (out-of-range ones to `default_value` or a range error),
+hashed columns hash with TensorFlow's `to_hash_bucket_fast` (as
+`tf.feature_column` does), vocabulary columns look values up in a
+`tf.lookup` table built from the list or the file (OOV buckets, or -1 /
+`default_value` for unknown values). `FeaturePreprocessor` applies one
+mapping per column, inside `tf.data` and inside the serving graph.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import Mapping
-from typing import Protocol
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
 from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
 from keras_tpu_embed.ids import check_rank
 from keras_tpu_embed.ids import ids_below
 from keras_tpu_embed.ids import map_to_default
 from keras_tpu_embed.types import Tensor
-
-if TYPE_CHECKING:
-    from keras_tpu_embed.columns.categorical import HashedColumn
-    from keras_tpu_embed.columns.categorical import IdentityColumn
-    from keras_tpu_embed.columns.categorical import VocabularyFileColumn
-    from keras_tpu_embed.columns.categorical import VocabularyListColumn
-    from keras_tpu_embed.columns.categorical_base import CategoricalColumn
-    from keras_tpu_embed.columns.derived import BucketizedColumn
-    from keras_tpu_embed.columns.derived import CrossedColumn
-
-
-class IdMapping(Protocol):
-    """How one column turns its raw features into ids.
-
-    Attributes:
-        table: The `tf.lookup` table the mapping holds (tracked by a
-            SavedModel), or None.
-    """
-
-    table: Any
-
-    def __call__(self, features: Mapping[str, Tensor]) -> tf.SparseTensor:
-        """The column's ids `[batch, n]` from the raw `features` it reads
-        (`column.raw_inputs`)."""
 
 
 def _ignore_value(dtype: tf.DType) -> Any:
@@ -136,13 +110,17 @@ class ValueIds:
 class IdentityIds(ValueIds):
     """Integers that are ids already: range-checked, or to the default."""
 
-    column: IdentityColumn
+    def __init__(
+        self, column: CategoricalColumn, default_value: int | None
+    ) -> None:
+        super().__init__(column)
+        self.default_value = default_value
 
     def map_values(self, values: Tensor) -> Tensor:
         base = self.column
         ids = tf.cast(values, tf.int64)
-        if base.default_value is not None:
-            return map_to_default(ids, base.num_buckets, base.default_value)
+        if self.default_value is not None:
+            return map_to_default(ids, base.num_buckets, self.default_value)
         return ids_below(
             ids,
             base.num_buckets,
@@ -155,14 +133,10 @@ class IdentityIds(ValueIds):
 class HashedIds(ValueIds):
     """Values hashed as `tf.feature_column` hashes them."""
 
-    column: HashedColumn
-
     def map_values(self, values: Tensor) -> Tensor:
         if values.dtype != tf.string:
             values = tf.strings.as_string(values)
-        return tf.strings.to_hash_bucket_fast(
-            values, self.column.hash_bucket_size
-        )
+        return tf.strings.to_hash_bucket_fast(values, self.column.num_buckets)
 
 
 def _lookup_table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
@@ -188,18 +162,22 @@ def _looked_up(table: Any, values: Tensor) -> Tensor:
 class VocabularyListIds(ValueIds):
     """Values looked up in a table built from the in-memory vocabulary."""
 
-    column: VocabularyListColumn
-
-    def __init__(self, column: VocabularyListColumn) -> None:
+    def __init__(
+        self,
+        column: CategoricalColumn,
+        vocabulary_list: tuple[Any, ...],
+        num_oov_buckets: int,
+        default_value: int,
+    ) -> None:
         super().__init__(column)
-        key_dtype = tf.string if column.dtype == "string" else tf.int64
+        string = column.input_dtype == "string"
         initializer = tf.lookup.KeyValueTensorInitializer(
-            keys=tf.constant(list(column.vocabulary_list), key_dtype),
-            values=tf.range(len(column.vocabulary_list), dtype=tf.int64),
+            keys=tf.constant(
+                list(vocabulary_list), tf.string if string else tf.int64
+            ),
+            values=tf.range(len(vocabulary_list), dtype=tf.int64),
         )
-        self.table = _lookup_table(
-            initializer, column.num_oov_buckets, column.default_value
-        )
+        self.table = _lookup_table(initializer, num_oov_buckets, default_value)
 
     def map_values(self, values: Tensor) -> Tensor:
         return _looked_up(self.table, values)
@@ -208,17 +186,25 @@ class VocabularyListIds(ValueIds):
 class VocabularyFileIds(ValueIds):
     """Values looked up in a table built from the vocabulary file."""
 
-    column: VocabularyFileColumn
-
-    def __init__(self, column: VocabularyFileColumn) -> None:
+    def __init__(
+        self,
+        column: CategoricalColumn,
+        vocabulary_file: str,
+        vocabulary_size: int,
+        num_oov_buckets: int,
+        default_value: int | None,
+    ) -> None:
         super().__init__(column)
-        assert column.vocabulary_size is not None
-        if not os.path.exists(column.vocabulary_file) or (
+        self.vocabulary_file = vocabulary_file
+        self.vocabulary_size = vocabulary_size
+        self.num_oov_buckets = num_oov_buckets
+        self.default_value = default_value
+        if not os.path.exists(vocabulary_file) or (
             supplied_by_archive(
-                column.vocabulary_file,
+                vocabulary_file,
                 column.key,
                 column.input_dtype,
-                column.vocabulary_size,
+                vocabulary_size,
             )
         ):
             # Rebuilt from a `.keras` config: the archive's copy of the
@@ -228,210 +214,34 @@ class VocabularyFileIds(ValueIds):
         self.table = self._file_table()
 
     def _file_table(self) -> Any:
-        base = self.column
-        key_dtype = tf.string if base.dtype == "string" else tf.int64
+        string = self.column.input_dtype == "string"
         initializer = tf.lookup.TextFileInitializer(
-            filename=base.vocabulary_file,
-            key_dtype=key_dtype,
+            filename=self.vocabulary_file,
+            key_dtype=tf.string if string else tf.int64,
             key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
             value_dtype=tf.int64,
             value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
-            vocab_size=base.vocabulary_size,
+            vocab_size=self.vocabulary_size,
         )
-        default = -1 if base.default_value is None else base.default_value
-        return _lookup_table(initializer, base.num_oov_buckets, default)
+        default = -1 if self.default_value is None else self.default_value
+        return _lookup_table(initializer, self.num_oov_buckets, default)
 
     def map_values(self, values: Tensor) -> Tensor:
         if self.table is None:
             # Only a column rebuilt from a config whose file was missing
             # or invalid gets here: read it again, naming what is wrong,
             # and build the table if it is now valid.
-            base = self.column
-            assert base.vocabulary_size is not None
+            key = self.column.key
             tokens = read_vocabulary_file(
-                base.vocabulary_file, base.key, base.input_dtype
+                self.vocabulary_file, key, self.column.input_dtype
             )
-            if len(tokens) < base.vocabulary_size:
+            if len(tokens) < self.vocabulary_size:
                 raise ValueError(
-                    f"vocabulary_file {base.vocabulary_file} of column "
-                    f"'{base.key}' has {len(tokens)} lines, but the column "
-                    f"was saved with vocabulary_size={base.vocabulary_size}."
+                    f"vocabulary_file {self.vocabulary_file} of column "
+                    f"'{key}' has {len(tokens)} lines, but the column "
+                    f"was saved with vocabulary_size={self.vocabulary_size}."
                     " Restore the file the model was trained with."
                 )
             with tf.init_scope():
                 self.table = self._file_table()
         return _looked_up(self.table, values)
-
-
-def bucketized_ids(column: BucketizedColumn, raw: Tensor) -> tf.SparseTensor:
-    """A bucketized column's ids: `[batch, size]`, one per number.
-
-    As TF computes them: the numbers cast to float32
-    (`NumericColumn._transform_input_tensor`), bucketized with the
-    `Bucketize` op (`math_ops._bucketize`), dimension `i` offset by
-    `i * (len(boundaries) + 1)`
-    (`BucketizedColumn._get_sparse_tensors_for_input_tensor`).
-    """
-    source = column.source_column
-    if isinstance(raw, (tf.SparseTensor, tf.RaggedTensor)):
-        raise TypeError(
-            f"Feature '{source.key}' of bucketized column '{column.name}' "
-            f"must be a dense tensor of shape [batch, {source.size}], as "
-            "tf.feature_column.numeric_column takes it; got a "
-            f"{type(raw).__name__}."
-        )
-    raw = tf.convert_to_tensor(raw)
-    if not (raw.dtype.is_floating or raw.dtype.is_integer):
-        raise TypeError(
-            f"Feature '{source.key}' of bucketized column '{column.name}' "
-            f"must be numeric, got dtype {raw.dtype.name}."
-        )
-    values = _numbers_per_row(column, tf.cast(raw, tf.float32))
-    buckets = tf.raw_ops.Bucketize(
-        input=values, boundaries=list(column.boundaries)
-    )
-    offsets = tf.range(source.size, dtype=tf.int64) * (
-        len(column.boundaries) + 1
-    )
-    ids = tf.cast(buckets, tf.int64) + offsets[tf.newaxis, :]
-    shape = tf.shape(ids, out_type=tf.int64)
-    return tf.SparseTensor(
-        indices=tf.where(tf.ones_like(ids, tf.bool)),
-        values=tf.reshape(ids, [-1]),
-        dense_shape=shape,
-    )
-
-
-def _numbers_per_row(column: BucketizedColumn, raw: Tensor) -> Tensor:
-    """`raw` as `[batch, size]`, refusing any other count per example.
-
-    A `[batch, n]` input with `n != size` reshaped to `[-1, size]` would
-    silently become another number of examples; legacy `DenseFeatures`
-    raises there too.
-    """
-    source = column.source_column
-    message = (
-        f"Feature '{source.key}' of bucketized column '{column.name}' must "
-        f"hold {source.size} numbers per example ([batch, {source.size}], "
-        f"as numeric_column('{source.key}', shape={source.shape}) declares); "
-        "give each example that many numbers or declare the numeric "
-        "column's shape to match. Received shape"
-    )
-    rank = raw.shape.rank
-    static = raw.shape.as_list()[1:] if rank is not None else None
-    if rank == 0 or (
-        rank is not None
-        and static is not None
-        and None not in static
-        and (math.prod(static) if rank > 1 else 1) != source.size
-    ):
-        raise ValueError(f"{message} {raw.shape}.")
-    shape = tf.shape(raw)
-    per_row = tf.reduce_prod(shape[1:])
-    check = tf.debugging.Assert(
-        tf.logical_and(tf.size(shape) >= 1, tf.equal(per_row, source.size)),
-        [message, shape],
-    )
-    with tf.control_dependencies([check]):
-        return tf.reshape(raw, tf.stack([shape[0], source.size]))
-
-
-def _check_cross_dtype(
-    column: CrossedColumn, key: str, declared: str, dtype: Any
-) -> None:
-    """Refuses a crossed key whose values are not of its declared kind.
-
-    The integer 1 and the string "1" hash to different ids, and the
-    serving export and parse spec take each key as declared: integers
-    crossed in training under a string declaration would serve other ids.
-    """
-    if (declared == "string") == (dtype == tf.string):
-        return
-    position = [k for k in column.keys if isinstance(k, str)].index(key)
-    dtypes = list(column.key_dtypes or ())
-    dtypes[position] = "int64" if declared == "string" else "string"
-    raise TypeError(
-        f"Feature '{key}' of crossed column '{column.name}' holds "
-        f"{dtype.name} values, but the column declares it {declared} "
-        "(key_dtypes; a tf.feature_column.crossed_column declares every "
-        "feature key a string): integers and strings hash to different "
-        "ids, so training and the serving export would disagree. Declare "
-        f"it: kte.crossed_column(keys, ..., key_dtypes={dtypes}), or feed "
-        f"{declared} values."
-    )
-
-
-def crossed_ids(
-    column: CrossedColumn, features: Mapping[str, Tensor]
-) -> tf.SparseTensor:
-    """A crossed column's ids, with TF's own hashing of every combination.
-
-    `CrossedColumn.get_sparse_tensors` (`feature_column_v2.py`) passes its
-    keys' values (raw features; bucketized ids) in key order to
-    `sparse_ops.sparse_cross_hashed`, the op behind `tf.sparse.cross_hashed`,
-    which is what runs here, with the same inputs. A dense raw feature
-    reaches that op dense, every value included
-    (`FeatureTransformationCache._get_raw_feature_as_tensor` drops no
-    `""` / -1), and the op crosses sparse inputs before dense ones, which
-    changes the hashes: both are kept as TF has them, so dense padding is
-    crossed like a value, as in TF. Ragged and sparse inputs have no padding.
-    """
-    dtypes = iter(column.key_dtypes or ())
-    inputs: list[Any] = []
-    for key in column.keys:
-        if isinstance(key, str):
-            declared = next(dtypes)
-            value = features[key]
-            if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
-                value = to_sparse(key, value)
-                values = value.values
-            else:
-                value = dense_rank_2(key, value)
-                values = value
-            if not (values.dtype.is_integer or values.dtype == tf.string):
-                raise TypeError(
-                    f"Feature '{key}' of crossed column '{column.name}' "
-                    f"must hold strings or integers (declared {declared}), "
-                    f"got dtype {values.dtype.name}."
-                )
-            _check_cross_dtype(column, key, declared, values.dtype)
-            if values.dtype.is_integer and values.dtype != tf.int64:
-                if isinstance(value, tf.SparseTensor):
-                    value = tf.SparseTensor(
-                        value.indices,
-                        tf.cast(values, tf.int64),
-                        value.dense_shape,
-                    )
-                else:
-                    value = tf.cast(value, tf.int64)
-            inputs.append(value)
-        else:
-            inputs.append(key.id_mapping()(features))
-    return tf.sparse.cross_hashed(
-        inputs, num_buckets=column.hash_bucket_size, hash_key=column.hash_key
-    )
-
-
-class BucketizedIds:
-    """A bucketized column's ids, from its numeric feature."""
-
-    table: Any = None
-
-    def __init__(self, column: BucketizedColumn) -> None:
-        self.column = column
-
-    def __call__(self, features: Mapping[str, Tensor]) -> tf.SparseTensor:
-        source = self.column.source_column
-        return bucketized_ids(self.column, features[source.key])
-
-
-class CrossedIds:
-    """A crossed column's ids, from its keys' features."""
-
-    table: Any = None
-
-    def __init__(self, column: CrossedColumn) -> None:
-        self.column = column
-
-    def __call__(self, features: Mapping[str, Tensor]) -> tf.SparseTensor:
-        return crossed_ids(self.column, features)

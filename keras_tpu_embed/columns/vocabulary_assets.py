@@ -31,8 +31,8 @@ import tempfile
 from typing import Any
 from typing import Sequence
 
-from keras_tpu_embed.columns.categorical import VocabularyFileColumn
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
+from keras_tpu_embed.columns.categorical_base import VocabularyFile
 from keras_tpu_embed.export_records import file_sha256
 
 MANIFEST = "vocabularies.json"
@@ -42,12 +42,12 @@ _EXTRACTED: list[str] = []
 
 def vocabulary_file_columns(
     columns: Sequence[Any],
-) -> list[VocabularyFileColumn]:
+) -> list[VocabularyFile]:
     """The `VocabularyFileColumn`s under `columns`, one per file path.
 
     Takes categorical and embedding columns (their categorical column).
     """
-    found: dict[str, VocabularyFileColumn] = {}
+    found: dict[str, VocabularyFile] = {}
     for column in columns:
         for reader in _categorical(column).vocabulary_files():
             found.setdefault(reader.vocabulary_file, reader)
