@@ -40,7 +40,7 @@ MEAN = "mean"
 BLOCK_ROWS = 65536
 
 
-def _variables(spec: workloads.Workload) -> dict[str, tf.Variable]:
+def table_variables(spec: workloads.Workload) -> dict[str, tf.Variable]:
     """Tables filled block by block, so that no full-size temporary exists."""
     tables = {}
     for name, (rows, dim) in spec.table_shapes().items():
@@ -65,7 +65,8 @@ def _loader(tables: dict[str, Any]) -> Any:
     return load
 
 
-def _bytes(variables: Any) -> int:
+def state_size(variables: Any) -> int:
+    """Bytes held by `variables` (any nest of variables or tensors)."""
     return sum(
         int(np.prod(v.shape)) * v.dtype.size for v in tf.nest.flatten(variables)
     )
@@ -127,7 +128,7 @@ def _serving(
     form: str,
     jit: bool = False,
 ) -> Built:
-    tables = _variables(spec)
+    tables = table_variables(spec)
     inputs = tensors.all_tensors(batches, form)
     run = tf.function(
         lambda f: lookups(tables, f), jit_compile=jit, reduce_retracing=True
@@ -138,7 +139,7 @@ def _serving(
 
     return Built(
         step=step,
-        state_bytes=_bytes(list(tables.values())),
+        state_bytes=state_size(list(tables.values())),
         form=form,
         outputs=lambda i: tensors.numpy_outputs(step(i)),
         load_tables=_loader(tables),
@@ -176,7 +177,7 @@ def _tpu_serving(
 
     return Built(
         step=step,
-        state_bytes=_bytes(list(variables.values())),
+        state_bytes=state_size(list(variables.values())),
         form=form,
         outputs=lambda i: tensors.numpy_outputs(step(i)),
         load_tables=_loader(variables),
@@ -321,7 +322,7 @@ def _training(
     form: str,
     jit: bool,
 ) -> Built:
-    tables = _variables(spec)
+    tables = table_variables(spec)
     slots = {
         name: tf.Variable(tf.fill(v.shape, workloads.INITIAL_ACCUMULATOR))
         for name, v in tables.items()
@@ -354,7 +355,9 @@ def _training(
 
     return Built(
         step=step,
-        state_bytes=_bytes([tables, slots, head.variables, head.accumulators]),
+        state_bytes=state_size(
+            [tables, slots, head.variables, head.accumulators]
+        ),
         form=form,
         tables=tables,
         slots=slots,

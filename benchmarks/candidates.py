@@ -26,9 +26,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import keras_tpu_embed as kte  # noqa: E402
 from benchmarks import anchors  # noqa: E402
 from benchmarks import measure  # noqa: E402
+from benchmarks import models  # noqa: E402
 from benchmarks import serving_candidates  # noqa: E402
 from benchmarks import tensors  # noqa: E402
 from benchmarks import workloads  # noqa: E402
@@ -138,103 +138,35 @@ def _server(
 # --------------------------------------------------------------- this package
 
 
-def kte_layers(
-    spec: workloads.Workload, device: str | None
-) -> list[kte.TPUEmbeddingLayer]:
-    """The workload's columns: a `TPUEmbeddingLayer` and a shared one."""
-
-    def shape(width: int) -> Any:
-        return [None, width] if device else None
-
-    identity = kte.categorical_column_with_identity
-    sequence = kte.sequence_categorical_column_with_identity
-    config = kte.EmbeddingConfig(
-        optimizer=kte.optimizers.Adagrad(
-            workloads.LEARNING_RATE,
-            initial_accumulator_value=workloads.INITIAL_ACCUMULATOR,
-        )
-    )
-    own = [
-        kte.embedding_column(
-            identity("bag", spec.rows),
-            spec.bag_dim,
-            combiner="mean",
-            embedding_lookup_device=device,
-            tensor_core_shape=shape(workloads.BAG_MAX),
-        ),
-        kte.embedding_column(
-            identity("single", spec.single_rows),
-            spec.single_dim,
-            combiner="mean",
-            embedding_lookup_device=device,
-            tensor_core_shape=shape(1),
-        ),
-    ]
-    shared = kte.shared_embedding_columns(
-        [sequence(name, spec.rows) for name in SEQ],
-        spec.seq_dim,
-        combiner="mean",
-        max_sequence_lengths=[MAX_LEN] * len(SEQ),
-        embedding_lookup_device=device,
-        tensor_core_shape=shape(MAX_LEN),
-    )
-    return [
-        kte.TPUEmbeddingLayer(own, config=config, name="own"),
-        kte.SharedTPUEmbedding(shared, config=config, name="shared"),
-    ]
-
-
-def _kte_call(
-    layers: list[Any], features: dict[str, Any], training: bool
-) -> Any:
-    out = {}
-    for layer in layers:
-        keys = {c.feature_key for c in layer.columns}
-        values = layer({k: features[k] for k in keys}, training=training)
-        for column in layer.columns:
-            out[column.feature_key] = values[column.name]
-    return out
-
-
-def _kte_tables(layers: list[Any], slot: str | None = None) -> dict[str, Any]:
-    """The layers' table (or `slot`) variables, keyed bag / single / seq."""
-    tables = {}
-    for layer in layers:
-        for table in layer.table_specs:
-            key = table.columns[0].feature_key
-            key = "seq" if key in SEQ else key
-            if slot is None:
-                tables[key] = layer.table_variable(table.name)
-            else:
-                tables[key] = layer.slot_variables(table.name)[slot]
-    return tables
-
-
 def kte_candidate(device: str | None, form: str) -> Any:
     jit = device == "tpu_tensor_core"
 
     def build(
         spec: workloads.Workload, batches: list[workloads.Batch], context: dict
     ) -> Built:
-        layers = kte_layers(spec, device)
+        layers = models.kte_layers(spec, device)
         data = tensors.all_tensors(batches, form)
         if spec.training:
             inputs = _inputs(data[0], form)
-            model = _train_model(_kte_call(layers, inputs, None), inputs, jit)
+            model = _train_model(
+                models.kte_call(layers, inputs, None), inputs, jit
+            )
             built = _trainer(model, data, form)
             # The TensorFlow variables, for W3's bound on the same tables.
-            built.tables = {k: v.value for k, v in _kte_tables(layers).items()}
+            built.tables = {
+                k: v.value for k, v in models.kte_tables(layers).items()
+            }
             built.slots = {
                 k: v.value
-                for k, v in _kte_tables(layers, "accumulators").items()
+                for k, v in models.kte_tables(layers, "accumulators").items()
             }
             return built
         for layer in layers:
             layer.build()
-        tables = _kte_tables(layers)
+        tables = models.kte_tables(layers)
         state = sum(int(np.prod(v.shape)) * 4 for v in tables.values())
         return _server(
-            lambda f: _kte_call(layers, f, False),
+            lambda f: models.kte_call(layers, f, False),
             data,
             form,
             jit,
@@ -248,39 +180,11 @@ def kte_candidate(device: str | None, form: str) -> Any:
 # ------------------------------------------------------------------- Keras 3
 
 
-class PaddedEmbeddings(keras.layers.Layer):
-    """`keras.layers.Embedding` per table on padded ids, masked combiners."""
-
-    def __init__(self, spec: workloads.Workload, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.tables = {
-            name: keras.layers.Embedding(rows, dim, name=name)
-            for name, (rows, dim) in spec.table_shapes().items()
-        }
-
-    def _masked(self, table: str, ids: Any) -> tuple[Any, Any]:
-        mask = keras.ops.expand_dims(keras.ops.cast(ids >= 0, "float32"), -1)
-        rows = self.tables[table](keras.ops.maximum(ids, 0))
-        return rows * mask, mask
-
-    def call(self, features: dict[str, Any]) -> dict[str, Any]:
-        rows, mask = self._masked("bag", features["bag"])
-        out = {
-            "bag": keras.ops.divide_no_nan(
-                keras.ops.sum(rows, 1), keras.ops.sum(mask, 1)
-            ),
-            "single": self.tables["single"](features["single"]),
-        }
-        for name in SEQ:
-            out[name] = self._masked("seq", features[name])[0]
-        return out
-
-
 def keras_embedding(jit: bool) -> Any:
     def build(
         spec: workloads.Workload, batches: list[workloads.Batch], context: dict
     ) -> Built:
-        layer = PaddedEmbeddings(spec)
+        layer = models.PaddedEmbeddings(spec)
         data = tensors.all_tensors(batches, "dense")
         if spec.training:
             inputs = _inputs(data[0], "dense")
@@ -304,6 +208,8 @@ class KerasRsEmbeddings(keras.layers.Layer):
     """
 
     def __init__(self, spec: workloads.Workload, **kwargs: Any) -> None:
+        # Only the keras_rs family needs it: the other families run
+        # where it is not installed.
         import keras_rs
 
         super().__init__(**kwargs)
@@ -511,4 +417,4 @@ def notes(spec: workloads.Workload, family: str) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    measure.process_main(families, notes)
+    measure.process_main(families, anchors.candidates, notes)

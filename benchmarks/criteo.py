@@ -154,7 +154,8 @@ def keras_model(spec: W.CriteoWorkload, jit: bool) -> keras.Model:
     return dlrm_model(inputs, embeddings, jit)
 
 
-def _data(batches: list[W.CriteoBatch]) -> list[tuple[dict, Any]]:
+def model_data(batches: list[W.CriteoBatch]) -> list[tuple[dict, Any]]:
+    """The batches as (features, labels) tensors, as the models take them."""
     out = []
     for batch in batches:
         features = {k: tf.constant(v[:, None]) for k, v in batch.ids.items()}
@@ -164,7 +165,7 @@ def _data(batches: list[W.CriteoBatch]) -> list[tuple[dict, Any]]:
 
 
 def _keras_trainer(model: keras.Model, batches: list[W.CriteoBatch]) -> Built:
-    data = _data(batches)
+    data = model_data(batches)
 
     def step(i: int) -> Any:
         return model.train_on_batch(*data[i % len(data)])
@@ -247,7 +248,7 @@ def anchor_candidate(sparse: bool) -> Any:
     """W2's anchors on W4: `safe_lookup` (sparse) or `raw_xla`."""
 
     def build(spec: W.CriteoWorkload, batches: list, context: dict) -> Built:
-        tables = anchors._variables(spec)
+        tables = anchors.table_variables(spec)
         slots = {
             name: tf.Variable(tf.fill(v.shape, W.INITIAL_ACCUMULATOR))
             for name, v in tables.items()
@@ -305,8 +306,8 @@ def anchor_candidate(sparse: bool) -> Any:
         def step(i: int) -> Any:
             return train(*data[i % len(data)])
 
-        state = anchors._bytes([tables, slots, head.variables])
-        state += anchors._bytes([head.accumulators])
+        state = anchors.state_size([tables, slots, head.variables])
+        state += anchors.state_size([head.accumulators])
         return Built(
             step=step,
             state_bytes=state,
@@ -399,7 +400,7 @@ def serving_latency(
         export(spec, path)
         keras.backend.clear_session()
         served[name] = tf.saved_model.load(path).signatures["serving_default"]
-    features, _ = _data(batches[:1])[0]
+    features, _ = model_data(batches[:1])[0]
     results: dict[str, Any] = {}
     sizes = [b for b in (1, 64, 4096) if b <= spec.batch_size]
     for size in sizes:

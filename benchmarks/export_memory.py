@@ -18,8 +18,10 @@ code before a change, say) with this script's harness.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+import tempfile
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -27,8 +29,6 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--dim", type=int, default=64)
@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, HERE)
     sys.path.insert(0, os.path.abspath(args.package_root))
 
-    import tempfile
-
+    # After sys.path names the package to measure (--package-root), so that
+    # this is the package imported.
     import keras
     import tensorflow as tf
 

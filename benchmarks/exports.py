@@ -24,6 +24,7 @@ alive and calls its signature.
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import os
 import shutil
@@ -35,9 +36,13 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import keras_tpu_embed as kte  # noqa: E402
+from benchmarks import measure  # noqa: E402
+from benchmarks import models  # noqa: E402
 from benchmarks import workloads  # noqa: E402
 
 SEQ = workloads.SEQUENCE_FEATURES
@@ -59,8 +64,6 @@ def quantized_dtypes() -> tuple[tuple[str, ...], str]:
     says that the quantized candidates were not measured instead of
     pretending.
     """
-    import keras_tpu_embed as kte
-
     if "table_dtype" in inspect.signature(kte.export_saved_model).parameters:
         return QUANTIZED, ""
     return (), (
@@ -139,12 +142,7 @@ def export_kte(
     table_dtype: str = "float32",
 ) -> None:
     """The package's layers in a Keras model, exported for serving."""
-    import keras
-
-    import keras_tpu_embed as kte
-    from benchmarks import candidates
-
-    layers = candidates.kte_layers(spec, "tpu_tensor_core")
+    layers = models.kte_layers(spec, "tpu_tensor_core")
     inputs = {
         name: keras.Input(
             (1,)
@@ -155,8 +153,8 @@ def export_kte(
         )
         for name in signature_specs()
     }
-    model = keras.Model(inputs, candidates._kte_call(layers, inputs, False))
-    for key, variable in candidates._kte_tables(layers).items():
+    model = keras.Model(inputs, models.kte_call(layers, inputs, False))
+    for key, variable in models.kte_tables(layers).items():
         variable.assign(values[key])
     extra = {} if table_dtype == "float32" else {"table_dtype": table_dtype}
     if "inputs" in inspect.signature(kte.export_saved_model).parameters:
@@ -171,9 +169,7 @@ def export_keras_embedding(
     path: str,
     jit: bool,
 ) -> None:
-    from benchmarks import candidates
-
-    layer = candidates.PaddedEmbeddings(spec)
+    layer = models.PaddedEmbeddings(spec)
     module = tf.Module()
     module.layer = layer
 
@@ -262,8 +258,6 @@ def export_apart(name: str, quick: bool, path: str) -> None:
     """
     if quick:
         spec = workloads.workload("W1", quick=True)
-        from benchmarks import measure
-
         exporters(quantized_dtypes()[0])[name](
             spec, measure.table_values(spec), path
         )
@@ -276,10 +270,6 @@ def export_apart(name: str, quick: bool, path: str) -> None:
 
 
 def main() -> None:
-    import argparse
-
-    from benchmarks import measure
-
     parser = argparse.ArgumentParser(description=export_apart.__doc__)
     parser.add_argument("name")
     parser.add_argument("path")

@@ -157,6 +157,7 @@ def target_lines(goals: dict[str, Any]) -> list[str]:
 
 def plot(latency: dict[str, Any], path: str) -> None:
     """p50 (solid) and p99 (dotted) latency against batch, per export."""
+    # Only plots need it, and its backend is chosen before pyplot loads.
     import matplotlib
 
     matplotlib.use("Agg")

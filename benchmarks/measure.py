@@ -12,6 +12,7 @@ times are compared with the anchor measured in the same rounds.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import resource
@@ -212,19 +213,18 @@ def emit(result: dict[str, Any]) -> None:
 
 def process_main(
     families: Callable[[Any], dict[str, list[Candidate]]],
+    references: Callable[[Any], list[Candidate]],
     notes: Callable[[Any, str], dict[str, str]] | None = None,
 ) -> None:
     """Command line of one measuring process: one workload, one family.
 
-    Measures the anchor and the bound (`anchors.py`) first, except in W3,
-    which compares the package with itself, then the family's candidates;
-    prints the records as one JSON line.
+    Measures the `references` (the anchor and the bound, `anchors.py`)
+    first, except in W3, which compares the package with itself, then the
+    family's candidates; prints the records as one JSON line.
     """
-    import argparse
-
+    # Imported by the measuring process only: importing this module (for
+    # `Built` and `Candidate`) does not start TensorFlow.
     import tensorflow as tf
-
-    from benchmarks import anchors
 
     tf.get_logger().setLevel("ERROR")
     parser = argparse.ArgumentParser(description=process_main.__doc__)
@@ -245,7 +245,7 @@ def process_main(
     else:
         chosen = groups[args.family]
     if spec.name != "W3":
-        chosen = anchors.candidates(spec) + chosen
+        chosen = references(spec) + chosen
     # A peer repeated for pairing (role "peer") is measured once when its
     # own family runs in the same process ('all').
     own = {c.name for c in chosen if c.role != "peer"}

@@ -38,6 +38,7 @@ from typing import Any  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import criteo  # noqa: E402
 from benchmarks import exports  # noqa: E402
 from benchmarks import workloads  # noqa: E402
 
@@ -45,6 +46,7 @@ EXPORTS = ("kte_cpu", "keras_embedding_xla")
 
 
 def _xspace(directory: str) -> Any:
+    # Not every TensorFlow build ships it; only reading a profile needs it.
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     paths = glob.glob(
@@ -128,10 +130,10 @@ def main(argv: list[str] | None = None) -> None:
     directory = tempfile.mkdtemp(prefix="profile_serving_")
     loaded = {}
     if args.workload == "W4":
-        from benchmarks import criteo
-
         w4 = workloads.criteo_workload(quick=args.quick, row_cap=args.row_cap)
-        features, _ = criteo._data(workloads.make_criteo_batches(w4)[:1])[0]
+        features, _ = criteo.model_data(workloads.make_criteo_batches(w4)[:1])[
+            0
+        ]
         for name, export in (
             ("kte_cpu", criteo._export_kte),
             ("keras_embedding_xla", criteo._export_keras),

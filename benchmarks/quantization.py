@@ -50,7 +50,7 @@ def train(
         optimizer=keras.optimizers.Adam(2e-3), loss="binary_crossentropy"
     )
     model.fit(
-        demo._dataset(preprocessor, *train_set, 256, shuffle=True),
+        demo.batched_dataset(preprocessor, *train_set, 256, shuffle=True),
         epochs=epochs,
         verbose=0,
     )

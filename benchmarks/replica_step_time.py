@@ -28,6 +28,8 @@ def main() -> None:
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas
     )
+    # After the logical devices are set: Keras would start the runtime
+    # with one CPU device.
     import keras
 
     import keras_tpu_embed as kte

@@ -388,6 +388,7 @@ def table(results: dict[str, Any]) -> str:
 
 def plot(results: dict[str, Any], path: str) -> None:
     """Speed-up over the anchor per candidate, one panel per workload."""
+    # Only plots need it, and its backend is chosen before pyplot loads.
     import matplotlib
 
     matplotlib.use("Agg")

@@ -24,25 +24,24 @@ from typing import Any
 import tensorflow as tf
 
 from benchmarks import exports
+from benchmarks import models
 from benchmarks import tensors
 from benchmarks import workloads
 from benchmarks.measure import Built
 from benchmarks.measure import Candidate
+from keras_tpu_embed.devices import LookupDevice
 
 
 def cpu_serving(
     spec: workloads.Workload, batches: list[workloads.Batch], context: dict
 ) -> Built:
-    from benchmarks import candidates
-    from keras_tpu_embed.devices import LookupDevice
-
-    layers = candidates.kte_layers(spec, None)
+    layers = models.kte_layers(spec, None)
     for layer in layers:
         layer.build()
-    tables = candidates._kte_tables(layers)
+    tables = models.kte_tables(layers)
     data = tensors.all_tensors(batches, "dense")
     run = tf.function(
-        lambda f: candidates._kte_call(layers, f, False), reduce_retracing=True
+        lambda f: models.kte_call(layers, f, False), reduce_retracing=True
     )
 
     def step(i: int) -> Any:

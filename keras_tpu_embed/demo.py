@@ -171,7 +171,7 @@ def build_model(
     return keras.Model(inputs, output, name="ranker")
 
 
-def _dataset(
+def batched_dataset(
     preprocessor: kte.FeaturePreprocessor,
     features: dict[str, Any],
     labels: Any,
@@ -211,14 +211,14 @@ def run(
         metrics=[keras.metrics.AUC(name="auc")],
     )
     model.fit(
-        _dataset(preprocessor, *train, batch_size, shuffle=True),
+        batched_dataset(preprocessor, *train, batch_size, shuffle=True),
         epochs=epochs,
         verbose=2 if os.environ.get("CI") else 1,
         # tf.data shuffles; Keras' default shuffle=True would only warn.
         shuffle=False,
     )
     evaluation = model.evaluate(
-        _dataset(preprocessor, *held_out, 1024, shuffle=False),
+        batched_dataset(preprocessor, *held_out, 1024, shuffle=False),
         return_dict=True,
         verbose=0,
     )

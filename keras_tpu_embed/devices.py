@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Protocol
+from typing import Sequence
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.tpu_hardware import EmbeddingHardware
@@ -116,8 +117,41 @@ def resolve_lookup_device(
     return LookupDevice.CPU
 
 
+class DeviceColumn(Protocol):
+    """What the device rules read of an embedding column
+    (`columns/embedding.py`, which imports this module)."""
+
+    @property
+    def name(self) -> str:
+        """The column's name."""
+
+    @property
+    def lookup_device(self) -> LookupDevice | None:
+        """The device it asks for; None for the default."""
+
+    @property
+    def is_sequence(self) -> bool:
+        """Whether it is a sequence column."""
+
+    @property
+    def tensor_core_shape(self) -> tuple[int | None, int] | None:
+        """`[batch, ids_per_example]` on the tensor core, if given."""
+
+
+class DeviceTable(Protocol):
+    """What the device rules read of a table (`tables.TableSpec`)."""
+
+    @property
+    def name(self) -> str:
+        """The table's name."""
+
+    @property
+    def columns(self) -> Sequence[DeviceColumn]:
+        """The columns that read it; they agree on their device."""
+
+
 def table_device(
-    table: Any,
+    table: DeviceTable,
     *,
     serving: bool,
     serving_override: LookupDevice | None = None,
@@ -142,7 +176,9 @@ def table_device(
     )
 
 
-def training_device(table: Any, hardware: EmbeddingHardware) -> LookupDevice:
+def training_device(
+    table: DeviceTable, hardware: EmbeddingHardware
+) -> LookupDevice:
     """Where a table's lookups run in training, on `hardware`.
 
     `table` has `name` and `columns` (a `tables.TableSpec`); its columns

@@ -15,10 +15,50 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from typing import Protocol
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.columns import IdentityColumn
 from keras_tpu_embed.types import Tensor
+
+
+class _IdSource(Protocol):
+    @property
+    def out_of_range_id(self) -> int | None:
+        """See `CategoricalColumn.out_of_range_id`."""
+
+
+class LookupColumn(Protocol):
+    """What the id rules read of an embedding column
+    (`columns/embedding.py`; not imported here, as it imports this)."""
+
+    @property
+    def name(self) -> str:
+        """The column's name."""
+
+    @property
+    def categorical_column(self) -> _IdSource:
+        """Its categorical column."""
+
+    @property
+    def combiner(self) -> str:
+        """The combiner: "sum", "mean" or "sqrtn"."""
+
+    @property
+    def use_safe_embedding_lookup(self) -> bool:
+        """Whether non-positive weights are pruned."""
+
+    @property
+    def is_sequence(self) -> bool:
+        """Whether it is a sequence column."""
+
+    @property
+    def max_sequence_length(self) -> int:
+        """A sequence column's length (0: none)."""
+
+    @property
+    def tensor_core_shape(self) -> tuple[int | None, int] | None:
+        """`[batch, ids_per_example]` on the tensor core, if given."""
+
 
 PADDING_ID = -1
 """Dense inputs use -1 for "no id here", as `tf.feature_column` does."""
@@ -84,7 +124,9 @@ def check_ids_dtype(feature: str, ids: Tensor) -> Tensor:
     return ids
 
 
-def _check_weights_dtype(feature: str, weights: Tensor) -> Tensor:
+def checked_weights(feature: str, weights: Tensor) -> Tensor:
+    """Numeric `weights` (dense, ragged or sparse) as float32, after a
+    run-time check that none is NaN or inf."""
     dtype = weights.dtype
     if not (dtype.is_floating or dtype.is_integer):
         raise TypeError(
@@ -100,11 +142,12 @@ def _check_weights_dtype(feature: str, weights: Tensor) -> Tensor:
         return tf.identity(weights) if _form(weights) == "dense" else weights
 
 
-def _rank(feature: str, value: Tensor) -> int:
+def check_rank(feature: str, value: Tensor) -> int:
+    """The rank of a feature's values (raw, ids or weights): 1 or 2."""
     rank = value.shape.rank
     if rank is None:
         raise ValueError(
-            f"Feature '{feature}' has unknown rank; ids must be rank 1 "
+            f"Feature '{feature}' has unknown rank; it must be rank 1 "
             "`[batch]` or rank 2 `[batch, n]`."
         )
     if rank not in (1, 2):
@@ -137,7 +180,7 @@ def to_id_batch(
     """
     form = _form(ids)
     ids = check_ids_dtype(feature, ids)
-    rank = _rank(feature, ids)
+    rank = check_rank(feature, ids)
     weight_name = weight_feature or f"{feature} weights"
     if weights is not None:
         if _form(weights) != form:
@@ -145,8 +188,8 @@ def to_id_batch(
                 f"Weight feature '{weight_name}' is {_form(weights)} but its "
                 f"ids '{feature}' are {form}: give both in one form."
             )
-        weights = _check_weights_dtype(weight_name, weights)
-        if _rank(weight_name, weights) != rank:
+        weights = checked_weights(weight_name, weights)
+        if check_rank(weight_name, weights) != rank:
             raise ValueError(
                 f"Weight feature '{weight_name}' has rank "
                 f"{weights.shape.rank} but its ids '{feature}' have rank "
@@ -305,16 +348,12 @@ def map_to_default(
     return tf.where(outside, tf.constant(default, ids.dtype), ids)
 
 
-def identity_default(column: Any) -> int | None:
+def identity_default(column: LookupColumn) -> int | None:
     """The id that out-of-range ids map to, for identity columns."""
-    base = column.categorical_column.base
-    if isinstance(base, IdentityColumn):
-        default: int | None = base.default_value
-        return default
-    return None
+    return column.categorical_column.out_of_range_id
 
 
-def prunes_weights(column: Any) -> bool:
+def prunes_weights(column: LookupColumn) -> bool:
     """Whether non-positive weights are pruned (safe mean / sqrtn)."""
     return bool(column.use_safe_embedding_lookup and column.combiner != "sum")
 
@@ -345,7 +384,7 @@ def densify(values: Tensor, width: int, pad: Any) -> Tensor:
     return fit_width(values, width, pad)
 
 
-def width_of(column: Any) -> int:
+def width_of(column: LookupColumn) -> int:
     """Ids per example on the tensor core: the sequence length, else
     `tensor_core_shape[1]`."""
     if column.is_sequence:

@@ -17,11 +17,10 @@ from typing import Sequence
 
 import numpy as np
 
-from keras_tpu_embed import loading
+from keras_tpu_embed import layer_variables
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_symbolic_scope
-from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.columns import vocabulary_assets
@@ -40,6 +39,9 @@ from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
 from keras_tpu_embed.lookup.embedding_core import EngineTableCheckpoint
+from keras_tpu_embed.quantization import QuantizedTable
+from keras_tpu_embed.quantization import check_table_dtype
+from keras_tpu_embed.quantization import quantized_copies
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.serialization import with_load_hint
 from keras_tpu_embed.serialization import without_load_hint
@@ -130,6 +132,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # Read by `_table_device` and `_trackable_children`, which run
+        # from here on: set first.
+        self._serving = False  # set by `serving_lookups` while tracing
+        self._serving_override: LookupDevice | None = None
+        self._engine: registry.SharedEngine | None = None
         self.columns = to_embedding_columns(columns)
         self.config = as_config(config)
         self.serving_lookup_device = parse_lookup_device(
@@ -143,7 +150,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         # Decided at build, from the strategy in scope.
         self._training_devices: dict[str, LookupDevice] = {}
         self._built_hardware = tpu_hardware.EmbeddingHardware.NONE
-        self._engine: registry.SharedEngine | None = None
         self._engine_tables: registry.EngineTables | None = None
         self._local = registry.LocalTables(
             [], self.config, self.return_sequence_lengths
@@ -160,31 +166,55 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             is LookupDevice.TPU_TENSOR_CORE
             for table in self.table_specs
         )
-        # Set by `export_saved_model` while it traces the serving function.
-        self._serving = False
-        self._serving_override: LookupDevice | None = None
         self._inputs = LayerInputs(
             f"{type(self).__name__} '{self.name}'", self.columns
         )
 
     @contextlib.contextmanager
     def serving_lookups(
-        self, lookup_device: LookupDevice | None = None
+        self,
+        lookup_device: LookupDevice | None = None,
+        table_dtype: str = "float32",
     ) -> Iterator[None]:
         """Inside, calls trace the serving lookups (what an export holds).
 
         `lookup_device` (CPU or TPU_TENSOR_CORE) overrides the layer's
         `serving_lookup_device` for every table. Each table's serving device
         is resolved first, so an invalid one fails here, naming the column.
+        `table_dtype` (`"float32"`, `"bfloat16"` or `"int8"`) serves the
+        layer's own tables from quantized copies (`quantized_copies`).
+
+        Raises:
+            ValueError: an invalid serving device or `table_dtype`, or a
+                quantized `table_dtype` for tables in the TPU embedding
+                engine (their rows are not the layer's to copy), or a table
+                with NaN or inf values.
         """
+        check_table_dtype(table_dtype)
         saved = (self._serving, self._serving_override)
+        saved_tables = self._local.serving_tables
         self._serving, self._serving_override = True, lookup_device
         try:
             for table in self.table_specs:
                 self._table_device(table, serving=True)
+            self._local.serving_tables = self._quantized(table_dtype)
             yield
         finally:
             self._serving, self._serving_override = saved
+            self._local.serving_tables = saved_tables
+
+    def _quantized(self, table_dtype: str) -> dict[str, QuantizedTable]:
+        local = self._local.table_names
+        engine = [t.name for t in self.table_specs if t.name not in local]
+        if engine and table_dtype != "float32":
+            raise ValueError(
+                f"table_dtype='{table_dtype}' quantizes the tables a layer "
+                f"holds itself, but the tables {engine} of layer "
+                f"'{self.name}' live in the TPU embedding engine. Export them "
+                "with table_dtype='float32'."
+            )
+        tables = {name: self._local.table_variable(name) for name in local}
+        return quantized_copies(tables, table_dtype)
 
     @property
     def input_dtype(self) -> str:
@@ -198,7 +228,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         if not serving and table.name in self._training_devices:
             return self._training_devices[table.name]
         override = self.serving_lookup_device
-        if serving and getattr(self, "_serving_override", None):
+        if serving and self._serving_override:
             override = self._serving_override
         return table_device(table, serving=serving, serving_override=override)
 
@@ -316,7 +346,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         children: dict[str, Any] = super()._trackable_children(
             save_type, **kwargs
         )
-        engine = getattr(self, "_engine", None)
+        engine = self._engine
         if engine is not None and engine.table_names:
             self._track_engine_tables(engine)
         return children
@@ -429,13 +459,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return cls(**config)
 
     def save_own_variables(self, store: Any) -> None:
-        """Stores tables and slots by name (`loading.save_layer_variables`).
+        """Stores tables and slots by name (`layer_variables.py`).
 
         Tables on the TPU embedding engine are read from the TPU and stored
         under the same names as a layer that holds them itself, so the file
         loads into the model on CPU as well.
         """
-        loading.save_layer_variables(self, store)
+        layer_variables.save_layer_variables(self, store)
         engine_keys = self._engine_keys()
         if engine_keys and self._engine is not None:
             values = self._engine.read_tables(self._engine_table_names())
@@ -451,7 +481,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         engine_keys = self._engine_keys()
         keys = [str(key) for key in store.keys()]
         if not engine_keys or all(key.isdigit() for key in keys):
-            if not loading.load_layer_variables(self, store):
+            if not layer_variables.load_layer_variables(self, store):
                 super().load_own_variables(store)
             return
         missing = sorted(set(engine_keys) - set(keys))
@@ -463,7 +493,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 "a file saved from a model with the same columns."
             )
         own = {key: store[key] for key in keys if key not in engine_keys}
-        loading.load_layer_variables(self, own)
+        layer_variables.load_layer_variables(self, own)
         assert self._engine is not None
         self._engine.write_tables(
             {
@@ -483,8 +513,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     def _engine_keys(self) -> dict[str, tuple[str, str]]:
         """File key -> (table, slot) of this layer's engine tables.
 
-        The keys of `loading.save_layer_variables`: `<table>` for the table,
-        `<table>.S<slot>` for a slot.
+        The keys of `layer_variables.save_layer_variables`: `<table>` for
+        the table, `<table>.S<slot>` for a slot.
         """
         if self._engine is None:
             return {}
@@ -509,18 +539,3 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         self.table_specs = list(by_name.values())
         if self.built:
             self._local.use_specs(by_name)
-
-
-def embedding_layers(model_or_layers: Any) -> list[TPUEmbeddingLayer]:
-    """The embedding layers of a model, a layer, or a list of either."""
-    if isinstance(model_or_layers, TPUEmbeddingLayer):
-        return [model_or_layers]
-    if isinstance(model_or_layers, keras.layers.Layer):
-        return [
-            layer
-            for layer in nested_layers(model_or_layers)
-            if isinstance(layer, TPUEmbeddingLayer)
-        ]
-    return [
-        layer for item in model_or_layers for layer in embedding_layers(item)
-    ]

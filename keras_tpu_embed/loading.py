@@ -3,13 +3,12 @@
 A damaged file must never load as wrong values. Each loader checks what it
 can and turns TensorFlow's or Keras' low-level errors into one `ValueError`
 that names the file and says what is wrong with it. Checkpoints of tables
-are restored by `checkpoints.restore_tables`.
+are restored by `checkpoints.restore_tables`; what an export records for
+these checks is written and read in `export_records.py`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import warnings
 import zipfile
@@ -22,14 +21,9 @@ from google.protobuf.message import DecodeError
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
-
-
-def damaged_file_error(path: str, error: Exception) -> ValueError:
-    return ValueError(
-        f"{path} is truncated or corrupt and cannot be loaded: "
-        f"{type(error).__name__}: {error}"
-    )
-
+from keras_tpu_embed.export_records import damaged_file_error
+from keras_tpu_embed.export_records import loaded_table_dtype
+from keras_tpu_embed.export_records import verify_digests
 
 # What TensorFlow raises on damaged files besides OpError: a truncated
 # data file gives IndexError ("Read less bytes than requested"), a
@@ -43,144 +37,6 @@ LOAD_ERRORS = (
     KeyError,
     RuntimeError,
 )
-
-DIGESTS_FILE = os.path.join("assets.extra", "keras_tpu_embed_sha256.json")
-"""Where an export records the SHA-256 of each of its files.
-
-`assets.extra` is the SavedModel directory for files TensorFlow and TF
-Serving do not read themselves.
-"""
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def write_digests(path: str) -> None:
-    """Records the SHA-256 of every file of the SavedModel at `path`.
-
-    TensorFlow checks the CRCs of variable values only: an edited
-    vocabulary asset, or a flipped byte in `saved_model.pb` that still
-    parses (a constant, a vocabulary list), loads as a different model.
-    """
-    files = {}
-    for folder, _, names in os.walk(path):
-        for name in names:
-            full = os.path.join(folder, name)
-            relative = os.path.relpath(full, path).replace(os.sep, "/")
-            files[relative] = _sha256(full)
-    manifest = os.path.join(path, DIGESTS_FILE)
-    os.makedirs(os.path.dirname(manifest), exist_ok=True)
-    with open(manifest, "w") as handle:
-        json.dump({"format": 1, "sha256": files}, handle, sort_keys=True)
-
-
-EXPORT_FILE = os.path.join("assets.extra", "keras_tpu_embed_export.json")
-"""How an export stores its tables (`table_dtype`), for `load_saved_model`."""
-
-
-def write_export_info(path: str, table_dtype: str) -> None:
-    """Records how the export at `path` stores its tables."""
-    info = os.path.join(path, EXPORT_FILE)
-    os.makedirs(os.path.dirname(info), exist_ok=True)
-    with open(info, "w") as handle:
-        json.dump({"format": 1, "table_dtype": table_dtype}, handle)
-
-
-TABLE_DTYPE_ATTRIBUTE = "keras_tpu_embed_table_dtype"
-"""The SavedModel object's function returning its `table_dtype`."""
-
-
-def record_table_dtype(root: Any, table_dtype: str) -> None:
-    """Stores `table_dtype` in the SavedModel object itself.
-
-    `assets.extra/` is not part of the object: a loaded export re-saved
-    with `tf.saved_model.save` loses it, and would then read as float32.
-    A function of the object travels with every re-save (a function, not
-    a variable: the export's variables stay exactly the tables and dense
-    weights the signatures read).
-    """
-    setattr(
-        root,
-        TABLE_DTYPE_ATTRIBUTE,
-        tf.function(lambda: tf.constant(table_dtype), input_signature=[]),
-    )
-
-
-def loaded_table_dtype(loaded: Any, path: str) -> str:
-    """The `table_dtype` of the export at `path`, loaded as `loaded`: the
-    object's own record, else `assets.extra/`, else "float32" (exports
-    that predate both records stored float32 tables).
-
-    Raises:
-        ValueError: the two records disagree, or the file is unreadable.
-    """
-    recorded = read_table_dtype(path)
-    function = getattr(loaded, TABLE_DTYPE_ATTRIBUTE, None)
-    if function is None:
-        return recorded
-    held = function().numpy().decode("utf-8")
-    if os.path.exists(os.path.join(path, EXPORT_FILE)) and held != recorded:
-        raise ValueError(
-            f"The SavedModel {path} records table_dtype='{held}' in its "
-            f"object but '{recorded}' in {EXPORT_FILE}: the export was "
-            "altered. Export the model again."
-        )
-    return str(held)
-
-
-def read_table_dtype(path: str) -> str:
-    """The `table_dtype` an export recorded; "float32" for exports that
-    predate the record (their tables are float32).
-
-    Raises:
-        ValueError: the record exists but cannot be read.
-    """
-    info = os.path.join(path, EXPORT_FILE)
-    if not os.path.exists(info):
-        return "float32"
-    try:
-        with open(info) as handle:
-            return str(json.load(handle)["table_dtype"])
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise damaged_file_error(info, error) from error
-
-
-def verify_digests(path: str) -> None:
-    """Checks every file of an export against the digests it recorded.
-
-    Raises:
-        ValueError: the record is missing or unreadable, or a file it lists
-            is missing or changed; the message names the file.
-    """
-    manifest = os.path.join(path, DIGESTS_FILE)
-    if not os.path.exists(manifest):
-        raise ValueError(
-            f"{path} has no {DIGESTS_FILE}: it was not written by "
-            "kte.export_saved_model (or the record was removed), so its "
-            "files cannot be verified. Re-export it, or pass verify=False "
-            "to load it unverified."
-        )
-    try:
-        with open(manifest) as handle:
-            files = json.load(handle)["sha256"]
-        listed = {str(name): str(digest) for name, digest in files.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise damaged_file_error(manifest, error) from error
-    for name, digest in sorted(listed.items()):
-        full = os.path.join(path, *name.split("/"))
-        if not os.path.exists(full):
-            raise ValueError(f"{full} is missing from the export.")
-        if _sha256(full) != digest:
-            raise ValueError(
-                f"{full} is truncated or corrupt, or was edited since "
-                "export: its SHA-256 differs from the one recorded in "
-                f"{DIGESTS_FILE}. Re-export the model."
-            )
 
 
 def load_model(path: str, **kwargs: Any) -> keras.Model:
@@ -452,72 +308,3 @@ def _convert_feature(key: str, value: Any, dtype: Any) -> Any:
             f"{tensor.dtype.name}."
         )
     return tf.cast(tensor, dtype)
-
-
-def _named_layer_variables(layer: Any) -> dict[str, Any]:
-    """A built embedding layer's own variables, keyed by what they are.
-
-    Tables by table name, slots as `<table>.S<slot>` (the mid-level API's
-    checkpoint spelling; `/` would make HDF5 groups), then the step and
-    the update trigger.
-    """
-    named: dict[str, Any] = {}
-    for table in layer.local_table_specs:
-        named[table.name] = layer.table_variable(table.name)
-        for slot, variable in layer.slot_variables(table.name).items():
-            named[f"{table.name}.S{slot}"] = variable
-    named["embedding_step"] = layer.embedding_step
-    named["table_update_trigger"] = layer.gradient_trap
-    return named
-
-
-def save_layer_variables(layer: Any, store: Any) -> None:
-    """`save_own_variables` of the embedding layers: by name, not position.
-
-    Keras' `Layer.save_own_variables` stores variables as `"0"`, `"1"`, ...
-    in creation order, so a layer whose columns are listed in another order
-    would load one table into another of the same shape.
-    """
-    for key, variable in _named_layer_variables(layer).items():
-        # As numpy: the store would call np.array on a tf.Variable, whose
-        # `__array__` takes no `copy` (a DeprecationWarning under numpy 2).
-        store[key] = variable.numpy()
-
-
-def load_layer_variables(layer: Any, store: Any) -> bool:
-    """`load_own_variables` by name; False for a file stored by position.
-
-    Files written before the layers saved by name hold `"0"`, `"1"`, ...:
-    the caller loads those with Keras' positional rule.
-
-    Raises:
-        ValueError: the file's tables or slots differ from the layer's in
-            name or shape; the message lists both sides.
-    """
-    keys = sorted(str(key) for key in store.keys())
-    if keys and all(key.isdigit() for key in keys):
-        return False
-    if not layer.built:
-        raise ValueError(
-            f"{type(layer).__name__} '{layer.name}' is not built, so it has "
-            "no tables to load into; build the model (call it once) first."
-        )
-    named = _named_layer_variables(layer)
-    values = {key: store[key] for key in keys}
-    in_file = {key: list(value.shape) for key, value in values.items()}
-    in_layer = {key: list(var.shape) for key, var in named.items()}
-    if in_file != in_layer:
-        differ = sorted(
-            key
-            for key in set(in_file) | set(in_layer)
-            if in_file.get(key) != in_layer.get(key)
-        )
-        raise ValueError(
-            f"Cannot load the weights of {type(layer).__name__} "
-            f"'{layer.name}': the tables {differ!r} differ in name or shape. "
-            f"The file holds {in_file}; the layer has {in_layer}. Load into "
-            "a model built with the same columns (names and sizes)."
-        )
-    for key, variable in named.items():
-        variable.assign(values[key])
-    return True

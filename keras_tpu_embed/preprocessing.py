@@ -23,10 +23,7 @@ from keras_tpu_embed.columns import to_categorical_column
 from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.devices import LookupDevice
-from keras_tpu_embed.id_mapping import IdMapper
-from keras_tpu_embed.id_mapping import check_raw_dtype
-from keras_tpu_embed.id_mapping import derived_ids
-from keras_tpu_embed.id_mapping import to_sparse
+from keras_tpu_embed.ids import checked_weights
 from keras_tpu_embed.ids import densify
 from keras_tpu_embed.ids import width_of
 from keras_tpu_embed.serialization import serializable
@@ -148,7 +145,7 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
         self._columns_arg = [_as_spec(c) for c in columns]
         self.categorical_columns = categorical_columns_of(self._columns_arg)
         self.dense_widths = tensor_core_widths(self._columns_arg)
-        self._mappers = [IdMapper(c) for c in self.categorical_columns]
+        self._mappings = [c.id_mapping() for c in self.categorical_columns]
         self._warned_extra_keys = False
         self.built = True
 
@@ -160,7 +157,7 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
     @property
     def lookup_tables(self) -> list[Any]:
         """The `tf.lookup` tables, for tracking in a SavedModel."""
-        return [m.table for m in self._mappers if m.table is not None]
+        return [m.table for m in self._mappings if m.table is not None]
 
     @property
     def expected_keys(self) -> list[str]:
@@ -182,33 +179,17 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
         expected = self.expected_keys
         self._warn_extra_keys(features, expected)
         outputs = {}
-        for column, mapper in zip(self.categorical_columns, self._mappers):
+        for column, mapping in zip(self.categorical_columns, self._mappings):
             key = column.feature_key
-            if column.raw_inputs.keys() != {key}:
-                raws = {
-                    k: _fetch(features, k, expected) for k in column.raw_inputs
-                }
-                derived = derived_ids(column, raws)
-                assert derived is not None
-                outputs[key] = derived
-                width = self.dense_widths.get(key)
-                if width is not None:
-                    outputs[key] = densify(derived, width, -1)
-                continue
-            raw = _fetch(features, key, expected)
-            check_raw_dtype(key, raw, column)
-            sparse = to_sparse(key, raw)
-            ids = mapper(sparse.values)
-            outputs[key] = tf.SparseTensor(
-                sparse.indices, ids, sparse.dense_shape
-            )
+            raws = {k: _fetch(features, k, expected) for k in column.raw_inputs}
+            outputs[key] = mapping(raws)
             weight_key = column.weight_feature_key
             if weight_key:
                 outputs[weight_key] = _weights_like(
                     weight_key,
                     _fetch(features, weight_key, expected),
-                    raw,
-                    sparse,
+                    raws[key],
+                    outputs[key],
                 )
             width = self.dense_widths.get(key)
             if width is not None:
@@ -298,7 +279,7 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
             self._columns_arg, dir_path
         )
         self.categorical_columns = categorical_columns_of(self._columns_arg)
-        self._mappers = [IdMapper(c) for c in self.categorical_columns]
+        self._mappings = [c.id_mapping() for c in self.categorical_columns]
 
 
 def _as_spec(column: Any) -> Any:
@@ -372,17 +353,7 @@ def _weights_like(
         )
         with tf.control_dependencies([check]):
             values = tf.gather_nd(weights, ids.indices)
-    if not (values.dtype.is_floating or values.dtype.is_integer):
-        raise TypeError(
-            f"Weight feature '{weight_key}' must be numeric, got dtype "
-            f"{values.dtype.name}."
-        )
-    values = tf.cast(values, tf.float32)
-    finite = tf.debugging.assert_all_finite(
-        values, f"Weight feature '{weight_key}' holds NaN or inf values."
-    )
-    with tf.control_dependencies([finite]):
-        values = tf.identity(values)
+    values = checked_weights(weight_key, values)
     return tf.SparseTensor(ids.indices, values, ids.dense_shape)
 
 
@@ -405,7 +376,7 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
     """
     spec: dict[str, Any] = {}
     for column in categorical_columns_of(columns):
-        numeric = _numeric_sources(column.base)
+        numeric = column.base.numeric_sources
         for key, dtype_name in column.raw_inputs.items():
             if key in numeric:
                 # TF's `NumericColumn.parse_example_spec`.
@@ -434,15 +405,3 @@ def _example_dtype(dtype: Any) -> Any:
     the Example holds; the preprocessor casts numbers to float32 anyway).
     """
     return tf.float32 if tf.as_dtype(dtype).is_floating else tf.int64
-
-
-def _numeric_sources(column: Any) -> dict[str, Any]:
-    """The numeric columns under a bucketized or crossed column, by key."""
-    if isinstance(column, columns_lib.BucketizedColumn):
-        return {column.source_column.key: column.source_column}
-    sources: dict[str, Any] = {}
-    if isinstance(column, columns_lib.CrossedColumn):
-        for key in column.keys:
-            if isinstance(key, columns_lib.BucketizedColumn):
-                sources.update(_numeric_sources(key))
-    return sources

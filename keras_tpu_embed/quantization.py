@@ -305,6 +305,25 @@ class QuantizedTable(tf.Module):  # type: ignore[misc]
         return dequantize_rows(codes, tf.gather(self.scale_offset, ids))
 
 
+def quantized_copies(
+    tables: dict[str, Any], table_dtype: str
+) -> dict[str, QuantizedTable]:
+    """`QuantizedTable` copies of float32 `tables` (by name); none for
+    `"float32"`, which serves the tables themselves.
+
+    Each copy is made of new variables: the tables are read, not changed,
+    and a serving graph that reads the copies holds no float32 table.
+    """
+    if check_table_dtype(table_dtype) == "float32":
+        return {}
+    # The TF variable itself, not `.numpy()`: `quantize_rows` gathers it a
+    # chunk of rows at a time, so no float copy of a whole table is made.
+    return {
+        name: QuantizedTable(variable.value, table_dtype, name)
+        for name, variable in tables.items()
+    }
+
+
 def packed_words(codes: np.ndarray) -> np.ndarray:
     """`codes` `[rows, dim]` as `[rows, words]` of int64 (or int32) holding
     the same bytes, or unchanged when a row's bytes fill no whole word."""

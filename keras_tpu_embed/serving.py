@@ -23,17 +23,15 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import print_msg
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.columns import CrossedColumn
 from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
-from keras_tpu_embed.layers import embedding_layers
-from keras_tpu_embed.loading import record_table_dtype
-from keras_tpu_embed.loading import write_digests
-from keras_tpu_embed.loading import write_export_info
+from keras_tpu_embed.export_records import record_table_dtype
+from keras_tpu_embed.export_records import write_digests
+from keras_tpu_embed.export_records import write_export_info
+from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.preprocessing import FeaturePreprocessor
 from keras_tpu_embed.preprocessing import make_parse_example_spec
-from keras_tpu_embed.quantization import QuantizedTable
 from keras_tpu_embed.quantization import check_table_dtype
 from keras_tpu_embed.quantization import dequantize_rows
 from keras_tpu_embed.quantization import quantize_rows
@@ -86,9 +84,9 @@ def _cross_padding(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
     `serving_default` signature (`""`, or -1 for integer keys).
 
     A dense input reaches TF's cross op with every value, padding included
-    (`id_mapping.crossed_ids`); the signature's padding is not a value, so
-    it is dropped before crossing, as `serve_examples` and ragged or sparse
-    training inputs have none.
+    (`columns.id_mapping.crossed_ids`); the signature's padding is not a
+    value, so it is dropped before crossing, as `serve_examples` and ragged
+    or sparse training inputs have none.
 
     Raises:
         ValueError: a crossed key also read by a weighted column, whose ids
@@ -97,14 +95,9 @@ def _cross_padding(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
     pads: dict[str, Any] = {}
     crossed_by: dict[str, str] = {}
     for column in preprocessor.categorical_columns:
-        base = column.base
-        if not isinstance(base, CrossedColumn):
-            continue
-        dtypes = iter(base.key_dtypes or ())
-        for key in base.keys:
-            if isinstance(key, str):
-                pads[key] = "" if next(dtypes) == "string" else -1
-                crossed_by[key] = base.name
+        crossed = column.base.crossed_padding
+        pads.update(crossed)
+        crossed_by.update(dict.fromkeys(crossed, column.base.name))
     for column in preprocessor.categorical_columns:
         if not column.weight_feature_key:
             continue
@@ -189,51 +182,10 @@ def serving_lookups(
     its tables stored as `table_dtype` (`quantization.py`)."""
     with contextlib.ExitStack() as stack:
         for layer in embedding_layers(model):
-            stack.enter_context(layer.serving_lookups(lookup_device))
-            stack.enter_context(_quantized_tables(layer, table_dtype))
+            stack.enter_context(
+                layer.serving_lookups(lookup_device, table_dtype)
+            )
         yield
-
-
-@contextlib.contextmanager
-def _quantized_tables(layer: Any, table_dtype: str) -> Iterator[None]:
-    """The layer's own tables served from quantized copies of them.
-
-    The copies are new variables; the layer's float32 tables are read, not
-    changed, and the serving graphs then read the copies only, so the
-    float32 tables stay out of the SavedModel.
-
-    Raises:
-        ValueError: a table in the TPU embedding engine (its rows are not
-            the layer's to copy), or a table with NaN or inf values.
-    """
-    if table_dtype == "float32":
-        yield
-        return
-    # The layer's own tables live in its `LocalTables` (`local_tables.py`).
-    local = layer._local
-    engine = [
-        t.name for t in layer.table_specs if t.name not in local.table_names
-    ]
-    if engine:
-        raise ValueError(
-            f"table_dtype='{table_dtype}' quantizes the tables a layer holds "
-            f"itself, but the tables {engine} of layer '{layer.name}' live in "
-            "the TPU embedding engine. Export them with table_dtype="
-            "'float32'."
-        )
-    saved = local.serving_tables
-    # The TF variable itself, not `.numpy()`: `quantize_rows` gathers it a
-    # chunk of rows at a time, so no float copy of a whole table is made.
-    local.serving_tables = {
-        name: QuantizedTable(
-            local.table_variable(name).value, table_dtype, name
-        )
-        for name in local.table_names
-    }
-    try:
-        yield
-    finally:
-        local.serving_tables = saved
 
 
 EXPORT_INPUTS = ("raw", "ids")

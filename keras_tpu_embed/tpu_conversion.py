@@ -16,6 +16,7 @@ from typing import Any
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.initialization import EngineInitializer
@@ -99,7 +100,7 @@ def to_tpu_feature_configs(
     return features
 
 
-def _refuse_what_the_engine_ignores(column: Any) -> None:
+def _refuse_what_the_engine_ignores(column: AnyEmbeddingColumn) -> None:
     """Column arguments `tf.tpu.experimental.embedding` has no field for.
 
     `TableConfig` (`tpu_embedding_v2_utils.py`) has no `trainable` flag:

@@ -45,12 +45,9 @@ import numpy as np
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import SharedEmbeddingColumn
-from keras_tpu_embed.columns import VocabularyFileColumn
-from keras_tpu_embed.columns import VocabularyListColumn
-from keras_tpu_embed.columns import WeightedColumn
 from keras_tpu_embed.columns import read_vocabulary_file
-from keras_tpu_embed.columns.vocabulary_files import STRING_DTYPES
-from keras_tpu_embed.layers import embedding_layers
+from keras_tpu_embed.layers_in_model import embedding_layers
+from keras_tpu_embed.tables import TableSpec
 
 _OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 SLOT_SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -81,7 +78,7 @@ class WarmStartReport:
     remapped: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
-def _candidates(table: Any) -> list[str]:
+def _candidates(table: TableSpec) -> list[str]:
     """The names a legacy model gives `table`'s variable."""
     first = table.columns[0]
     if isinstance(first, SharedEmbeddingColumn):
@@ -157,25 +154,8 @@ def _check_table_keys(
         )
 
 
-def _vocabulary_of(column: Any) -> tuple[list[Any], bool] | None:
-    """The column's vocabulary and whether its tokens are strings."""
-    categorical = column.categorical_column
-    while isinstance(categorical, WeightedColumn):
-        categorical = categorical.categorical_column
-    if isinstance(categorical, VocabularyListColumn):
-        string = categorical.dtype in STRING_DTYPES
-        return list(categorical.vocabulary_list), string
-    if isinstance(categorical, VocabularyFileColumn):
-        string = categorical.dtype in STRING_DTYPES
-        tokens = read_vocabulary_file(
-            categorical.vocabulary_file, categorical.key, categorical.dtype
-        )[: categorical.vocabulary_size]
-        return (tokens if string else [int(t) for t in tokens]), string
-    return None
-
-
 def _remap_vocabularies(
-    table: Any, vocabularies: tuple[Any, Any]
+    table: TableSpec, vocabularies: tuple[Any, Any]
 ) -> tuple[list[Any], list[Any]]:
     """Checked `(old, new)` token lists for `table`.
 
@@ -192,15 +172,16 @@ def _remap_vocabularies(
             "token lists or vocabulary files. Received: "
             f"{vocabularies!r}"
         ) from None
-    owns = [_vocabulary_of(column) for column in table.columns]
-    if any(own is None for own in owns):
+    found = [column.categorical_column.vocabulary() for column in table.columns]
+    owns = [own for own in found if own is not None]
+    if len(owns) != len(found):
         raise ValueError(
             f"vocabularies= remaps rows by token, but table '{table.name}' "
             "is read by a column without a vocabulary (identity, hashed, "
             "bucketized or crossed), whose rows are ids: drop "
             f"'{table.name}' from vocabularies=."
         )
-    own, string = owns[0]  # type: ignore[misc]
+    own, string = owns[0]
     if any(other != (own, string) for other in owns[1:]):
         raise ValueError(
             f"Table '{table.name}' is shared by columns with different "
@@ -397,7 +378,7 @@ def warm_start(
             def read(
                 tensor_name: str,
                 variable: Any,
-                table: Any = table,
+                table: TableSpec = table,
                 remap: tuple[list[Any], list[Any]] | None = remap,
             ) -> np.ndarray:
                 value = reader.get_tensor(keys[tensor_name])

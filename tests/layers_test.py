@@ -249,3 +249,26 @@ def test_subclassed_model_without_training_argument_trains_tables():
     np.testing.assert_allclose(
         subclassed.table_variable("i"), reference.table_variable("i")
     )
+
+
+def test_serving_lookups_take_the_table_dtype():
+    """The layer serves its own rows from int8 copies inside, and its
+    float32 rows again after (as `export_saved_model` traces it)."""
+    layer = kte.TPUEmbeddingLayer([testing.identity_column()])
+    ids = tf.constant([[3]], tf.int64)
+    trained = layer(ids)["ids_embedding"].numpy()
+    with layer.serving_lookups(table_dtype="int8"):
+        served = layer(ids)["ids_embedding"].numpy()
+    codes, scale_offset = kte.quantization.quantize_rows(
+        layer.table_variable("ids").numpy(), "int8", "ids"
+    )
+    np.testing.assert_allclose(
+        served[0],
+        kte.quantization.dequantize_rows(codes, scale_offset)[3],
+        atol=1e-6,
+    )
+    assert not np.allclose(served, trained, atol=1e-7)
+    np.testing.assert_array_equal(layer(ids)["ids_embedding"], trained)
+    with pytest.raises(ValueError, match="table_dtype"):
+        with layer.serving_lookups(table_dtype="int4"):
+            pass

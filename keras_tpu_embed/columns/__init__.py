@@ -1,20 +1,23 @@
 """Column specs: which raw feature becomes which ids, and which table.
 
-`categorical.py` holds the categorical specs and `categorical_columns.py`
-their `tf.feature_column`-style factories; `embedding.py` the embedding specs
-and `embedding_columns.py` theirs; `tf_categorical.py` and `tf_embedding.py`
-convert `tf.feature_column` / `tf.compat.v1.tpu.experimental` columns;
-`derived.py` holds bucketized and crossed columns;
-`vocabulary_files.py` reads vocabulary files and `vocabulary_assets.py`
-carries them inside `.keras` archives. This module only re-exports.
+`categorical_base.py` holds what every categorical kind gives,
+`categorical.py` the categorical specs, `id_mapping.py` and
+`derived_ids.py` how each kind maps raw values to ids, and
+`categorical_columns.py` their `tf.feature_column`-style factories;
+`embedding.py` the embedding specs and `embedding_columns.py` theirs;
+`tf_categorical.py` and `tf_embedding.py` convert `tf.feature_column` /
+`tf.compat.v1.tpu.experimental` columns; `derived.py` holds bucketized and
+crossed columns; `vocabulary_files.py` reads vocabulary files and
+`vocabulary_assets.py` carries them inside `.keras` archives. This module
+only re-exports.
 """
 
-from keras_tpu_embed.columns.categorical import CategoricalColumn
 from keras_tpu_embed.columns.categorical import HashedColumn
 from keras_tpu_embed.columns.categorical import IdentityColumn
 from keras_tpu_embed.columns.categorical import VocabularyFileColumn
 from keras_tpu_embed.columns.categorical import VocabularyListColumn
 from keras_tpu_embed.columns.categorical import WeightedColumn
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.categorical_columns import (
     categorical_column_with_hash_bucket,
 )

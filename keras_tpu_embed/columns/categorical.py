@@ -10,12 +10,17 @@ on top.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 from typing import Any
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import id_mapping as mappings
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
+from keras_tpu_embed.columns.categorical_base import IdMapping
+from keras_tpu_embed.columns.categorical_base import VocabularyFile
 from keras_tpu_embed.columns.vocabulary_files import STRING_DTYPES
+from keras_tpu_embed.columns.vocabulary_files import check_file_format
+from keras_tpu_embed.columns.vocabulary_files import check_oov
 from keras_tpu_embed.columns.vocabulary_files import check_vocabulary_dtype
 from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
 from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
@@ -39,61 +44,6 @@ def _check_key(key: Any) -> None:
             "`key` must be a non-empty string naming the input feature. "
             f"Received: key={key!r}"
         )
-
-
-class CategoricalColumn:
-    """Base of the categorical specs: a feature key and a number of ids."""
-
-    key: str
-    is_sequence: bool
-
-    @property
-    def name(self) -> str:
-        """The column's name, as `tf.feature_column` names it."""
-        return self.key
-
-    @property
-    def feature_key(self) -> str:
-        """The key of the ids feature in the input dict."""
-        return self.key
-
-    # The key of the weights feature; only weighted columns have one.
-    weight_feature_key: str | None = None
-
-    if TYPE_CHECKING:
-        # A field of some specs, a property of others.
-        @property
-        def num_buckets(self) -> int:
-            """The number of distinct ids: the table's row count."""
-
-    @property
-    def input_dtype(self) -> str:
-        """The dtype of the raw feature: `"string"` or an integer dtype."""
-        return "int64"
-
-    @property
-    def base(self) -> CategoricalColumn:
-        """The column that maps raw values to ids (unwraps weighting)."""
-        return self
-
-    @property
-    def raw_inputs(self) -> dict[str, str]:
-        """The raw features the ids come from (not weights), with dtypes.
-
-        The ids feature itself for most columns; bucketized and crossed
-        columns read other features (`derived.py`).
-        """
-        return {self.feature_key: self.input_dtype}
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)  # type: ignore[arg-type]
-        }
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Any:
-        return cls(**config)
 
 
 @serializable
@@ -129,6 +79,13 @@ class IdentityColumn(CategoricalColumn):
                 f"[0, {self.num_buckets}). "
                 f"Received: default_value={self.default_value}"
             )
+
+    def id_mapping(self) -> IdMapping:
+        return mappings.IdentityIds(self, self.default_value)
+
+    @property
+    def out_of_range_id(self) -> int | None:
+        return self.default_value
 
 
 @serializable
@@ -181,6 +138,14 @@ class VocabularyListColumn(CategoricalColumn):
     @property
     def input_dtype(self) -> str:
         return self.dtype
+
+    def id_mapping(self) -> IdMapping:
+        return mappings.VocabularyListIds(
+            self, self.vocabulary_list, self.num_oov_buckets, self.default_value
+        )
+
+    def vocabulary(self) -> tuple[list[Any], bool] | None:
+        return list(self.vocabulary_list), self.dtype in STRING_DTYPES
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -253,6 +218,32 @@ class VocabularyFileColumn(CategoricalColumn):
     def input_dtype(self) -> str:
         return self.dtype
 
+    def id_mapping(self) -> IdMapping:
+        assert self.vocabulary_size is not None
+        return mappings.VocabularyFileIds(
+            self,
+            self.vocabulary_file,
+            self.vocabulary_size,
+            self.num_oov_buckets,
+            self.default_value,
+        )
+
+    def vocabulary(self) -> tuple[list[Any], bool] | None:
+        string = self.dtype in STRING_DTYPES
+        tokens = read_vocabulary_file(
+            self.vocabulary_file, self.key, self.dtype
+        )[: self.vocabulary_size]
+        return (tokens if string else [int(t) for t in tokens]), string
+
+    def vocabulary_files(self) -> list[VocabularyFile]:
+        return [self]
+
+    def with_vocabulary_files(self, moved: dict[str, str]) -> CategoricalColumn:
+        target = moved.get(self.vocabulary_file)
+        if target is None:
+            return self
+        return dataclasses.replace(self, vocabulary_file=target)
+
 
 @serializable
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -288,6 +279,9 @@ class HashedColumn(CategoricalColumn):
     @property
     def input_dtype(self) -> str:
         return self.dtype
+
+    def id_mapping(self) -> IdMapping:
+        return mappings.HashedIds(self)
 
 
 @serializable
@@ -345,6 +339,25 @@ class WeightedColumn(CategoricalColumn):
     def base(self) -> CategoricalColumn:
         return self.categorical_column
 
+    def id_mapping(self) -> IdMapping:
+        return self.categorical_column.id_mapping()
+
+    @property
+    def out_of_range_id(self) -> int | None:
+        return self.categorical_column.out_of_range_id
+
+    def vocabulary(self) -> tuple[list[Any], bool] | None:
+        return self.categorical_column.vocabulary()
+
+    def vocabulary_files(self) -> list[VocabularyFile]:
+        return self.categorical_column.vocabulary_files()
+
+    def with_vocabulary_files(self, moved: dict[str, str]) -> CategoricalColumn:
+        inner = self.categorical_column.with_vocabulary_files(moved)
+        if inner is self.categorical_column:
+            return self
+        return dataclasses.replace(self, categorical_column=inner)
+
     def get_config(self) -> dict[str, Any]:
         return {
             "categorical_column": keras.saving.serialize_keras_object(
@@ -361,44 +374,3 @@ class WeightedColumn(CategoricalColumn):
             config["categorical_column"]
         )
         return cls(**config)
-
-
-def check_file_format(key: str, path: str, file_format: str | None) -> str:
-    """Returns the vocabulary's format; only text files are read.
-
-    `tf.feature_column.categorical_column_with_vocabulary_file` (TF2) also
-    reads `"tfrecord_gzip"`, and picks it for a path ending in
-    `tfrecord.gz` when `file_format` is None (`feature_column_v2.py`,
-    `categorical_column_with_vocabulary_file_v2`). Lookups, `.keras` assets
-    and serving exports here read one token per text line, so such a file
-    is refused rather than misread.
-    """
-    if file_format is None:
-        file_format = (
-            "tfrecord_gzip" if path.endswith("tfrecord.gz") else "text"
-        )
-    if file_format != "text":
-        raise ValueError(
-            f"Column '{key}' reads its vocabulary {path} with "
-            f"file_format={file_format!r}; only file_format='text' (one "
-            "token per line) is supported. Write the tokens to a text file, "
-            "e.g. with `tf.data.TFRecordDataset(path, 'GZIP')` and one line "
-            "per record, and pass that file."
-        )
-    return file_format
-
-
-def check_oov(
-    key: str, num_oov_buckets: int, default_value: Any, unset: Any
-) -> None:
-    if not isinstance(num_oov_buckets, int) or num_oov_buckets < 0:
-        raise ValueError(
-            f"Invalid num_oov_buckets {num_oov_buckets!r} in {key}: it must "
-            "be a non-negative integer."
-        )
-    if num_oov_buckets and default_value != unset:
-        raise ValueError(
-            f"Can't specify both num_oov_buckets and default_value in {key}. "
-            f"Received: num_oov_buckets={num_oov_buckets}, "
-            f"default_value={default_value}"
-        )

@@ -11,15 +11,15 @@ import os
 from typing import Any
 from typing import TypeVar
 
-from keras_tpu_embed.columns.categorical import CategoricalColumn
 from keras_tpu_embed.columns.categorical import HashedColumn
 from keras_tpu_embed.columns.categorical import IdentityColumn
 from keras_tpu_embed.columns.categorical import VocabularyFileColumn
 from keras_tpu_embed.columns.categorical import VocabularyListColumn
 from keras_tpu_embed.columns.categorical import WeightedColumn
-from keras_tpu_embed.columns.categorical import check_file_format
 from keras_tpu_embed.columns.categorical import dtype_name
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.vocabulary_files import INTEGER_DTYPES
+from keras_tpu_embed.columns.vocabulary_files import check_file_format
 
 
 def categorical_column_with_identity(

@@ -9,7 +9,7 @@ combination of the values of its keys (string or integer features, or
 bucketized columns) with TensorFlow's own `sparse_cross_hashed`, as
 `CrossedColumn.get_sparse_tensors` does, so the ids are TF's. Both read
 raw features (`raw_inputs`) other than the ids feature they produce
-(`feature_key`); `id_mapping.py` computes the ids.
+(`feature_key`); `derived_ids.py` computes the ids.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from typing import Any
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_feature_column_v2 as fc
-from keras_tpu_embed.columns.categorical import CategoricalColumn
+from keras_tpu_embed.columns import derived_ids
 from keras_tpu_embed.columns.categorical import dtype_name
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
+from keras_tpu_embed.columns.categorical_base import IdMapping
 from keras_tpu_embed.serialization import serializable
 
 
@@ -129,6 +131,13 @@ class BucketizedColumn(CategoricalColumn):
     def raw_inputs(self) -> dict[str, str]:
         return {self.source_column.key: self.source_column.dtype}
 
+    @property
+    def numeric_sources(self) -> dict[str, NumericColumn]:
+        return {self.source_column.key: self.source_column}
+
+    def id_mapping(self) -> IdMapping:
+        return derived_ids.BucketizedIds(self)
+
     def get_config(self) -> dict[str, Any]:
         return {
             "source_column": self.source_column.get_config(),
@@ -222,6 +231,26 @@ class CrossedColumn(CategoricalColumn):
             else:
                 inputs.update(key.raw_inputs)
         return inputs
+
+    @property
+    def numeric_sources(self) -> dict[str, NumericColumn]:
+        sources: dict[str, NumericColumn] = {}
+        for key in self.keys:
+            if not isinstance(key, str):
+                sources.update(key.numeric_sources)
+        return sources
+
+    @property
+    def crossed_padding(self) -> dict[str, Any]:
+        pads: dict[str, Any] = {}
+        dtypes = iter(self.key_dtypes or ())
+        for key in self.keys:
+            if isinstance(key, str):
+                pads[key] = "" if next(dtypes) == "string" else -1
+        return pads
+
+    def id_mapping(self) -> IdMapping:
+        return derived_ids.CrossedIds(self)
 
     def get_config(self) -> dict[str, Any]:
         return {

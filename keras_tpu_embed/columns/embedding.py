@@ -15,7 +15,7 @@ import warnings
 from typing import Any
 
 from keras_tpu_embed._compat import keras
-from keras_tpu_embed.columns import categorical as columns_lib
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.devices import parse_lookup_device
 from keras_tpu_embed.serialization import serializable
@@ -56,7 +56,7 @@ def _deserialize_callable(value: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _EmbeddingSpec:
-    categorical_column: columns_lib.CategoricalColumn
+    categorical_column: CategoricalColumn
     dimension: int
     combiner: str = "mean"
     initializer: InitializerLike | None = None
@@ -79,7 +79,7 @@ class _EmbeddingSpec:
 
     def __post_init__(self) -> None:
         column = self.categorical_column
-        if not isinstance(column, columns_lib.CategoricalColumn):
+        if not isinstance(column, CategoricalColumn):
             raise TypeError(
                 "`categorical_column` must be a categorical column of "
                 "keras_tpu_embed, tf.feature_column or "
@@ -306,7 +306,7 @@ def _check_checkpoint_pair(
 
 
 def _check_max_sequence_length(
-    column: columns_lib.CategoricalColumn, max_sequence_length: Any
+    column: CategoricalColumn, max_sequence_length: Any
 ) -> None:
     if not isinstance(max_sequence_length, int) or max_sequence_length < 0:
         raise ValueError(

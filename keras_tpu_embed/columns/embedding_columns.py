@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 from typing import Sequence
 
-from keras_tpu_embed.columns import categorical as columns_lib
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.embedding import EmbeddingColumn
 from keras_tpu_embed.columns.embedding import SharedEmbeddingColumn
 from keras_tpu_embed.columns.embedding import check_dimension
@@ -110,7 +110,7 @@ def embedding_column(
     )
 
 
-def _unwrapped_type(column: columns_lib.CategoricalColumn) -> type:
+def _unwrapped_type(column: CategoricalColumn) -> type:
     return type(column.base)
 
 

@@ -14,16 +14,17 @@ from keras_tpu_embed._compat import tf_feature_column_v2 as fc
 from keras_tpu_embed.columns import categorical as columns_lib
 from keras_tpu_embed.columns import categorical_columns as factories
 from keras_tpu_embed.columns import derived
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 
 
-def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
+def to_categorical_column(column: Any) -> CategoricalColumn:
     """Returns `column` as a categorical column of this package.
 
     Raises:
         TypeError: for a column kind this package has no equivalent of
             (crossed, bucketized, ...), naming its type.
     """
-    if isinstance(column, columns_lib.CategoricalColumn):
+    if isinstance(column, CategoricalColumn):
         return column
     sequence = False
     if isinstance(column, fc.SequenceCategoricalColumn):
@@ -36,7 +37,7 @@ def to_categorical_column(column: Any) -> columns_lib.CategoricalColumn:
             weight_feature_key=column.weight_feature_key,
             dtype=tf.as_dtype(column.dtype).name,
         )
-    converted: columns_lib.CategoricalColumn
+    converted: CategoricalColumn
     if isinstance(column, fc.IdentityCategoricalColumn):
         converted = factories.categorical_column_with_identity(
             column.key, column.number_buckets, column.default_value

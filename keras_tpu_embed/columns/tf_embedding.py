@@ -15,8 +15,8 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf_feature_column_v2 as fc
 from keras_tpu_embed._compat import tf_init_ops
 from keras_tpu_embed._compat import tf_tpu_feature_column_v2 as tpu_fc
-from keras_tpu_embed.columns import categorical as columns_lib
 from keras_tpu_embed.columns import embedding as embedding_lib
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.tf_categorical import to_categorical_column
 
 
@@ -111,7 +111,7 @@ def _convert_embedding_column(
     )
 
 
-def _require_no_sequence(column: columns_lib.CategoricalColumn) -> int:
+def _require_no_sequence(column: CategoricalColumn) -> int:
     if column.is_sequence:
         raise ValueError(
             f"Sequence column '{column.name}' comes from "

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -32,35 +31,35 @@ import tempfile
 from typing import Any
 from typing import Sequence
 
-from keras_tpu_embed.columns.categorical import VocabularyFileColumn
+from keras_tpu_embed.columns.categorical_base import CategoricalColumn
+from keras_tpu_embed.columns.categorical_base import VocabularyFile
+from keras_tpu_embed.export_records import file_sha256
 
 MANIFEST = "vocabularies.json"
 
 _EXTRACTED: list[str] = []
 
 
-def vocabulary_file_columns(columns: Sequence[Any]) -> list[Any]:
-    """The `VocabularyFileColumn`s under `columns`, one per file path."""
-    found: dict[str, Any] = {}
+def vocabulary_file_columns(
+    columns: Sequence[Any],
+) -> list[VocabularyFile]:
+    """The `VocabularyFileColumn`s under `columns`, one per file path.
+
+    Takes categorical and embedding columns (their categorical column).
+    """
+    found: dict[str, VocabularyFile] = {}
     for column in columns:
-        base = _innermost(column)
-        if isinstance(base, VocabularyFileColumn):
-            found.setdefault(base.vocabulary_file, base)
+        for reader in _categorical(column).vocabulary_files():
+            found.setdefault(reader.vocabulary_file, reader)
     return list(found.values())
 
 
-def _innermost(column: Any) -> Any:
-    while hasattr(column, "categorical_column"):
-        column = column.categorical_column
-    return column
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def _categorical(column: Any) -> CategoricalColumn:
+    """A categorical column, or an embedding column's categorical column."""
+    if isinstance(column, CategoricalColumn):
+        return column
+    categorical: CategoricalColumn = column.categorical_column
+    return categorical
 
 
 def save_vocabularies(columns: Sequence[Any], directory: str) -> None:
@@ -80,7 +79,7 @@ def save_vocabularies(columns: Sequence[Any], directory: str) -> None:
             "asset": asset,
             "column": column.key,
             "vocabulary_size": column.vocabulary_size,
-            "sha256": _sha256(source),
+            "sha256": file_sha256(source),
         }
     with open(os.path.join(directory, MANIFEST), "w") as handle:
         json.dump(manifest, handle, indent=1, sort_keys=True)
@@ -101,7 +100,7 @@ def load_vocabularies(columns: Sequence[Any], directory: str) -> list[Any]:
     moved = {}
     for source, entry in manifest.items():
         asset = os.path.join(directory, entry["asset"])
-        if not os.path.exists(asset) or _sha256(asset) != entry["sha256"]:
+        if not os.path.exists(asset) or file_sha256(asset) != entry["sha256"]:
             raise ValueError(
                 f"The vocabulary of column '{entry['column']}' in this "
                 f"archive ({entry['asset']}, saved from {source}) is missing "
@@ -117,16 +116,11 @@ def load_vocabularies(columns: Sequence[Any], directory: str) -> list[Any]:
 
 def _with_vocabulary_files(column: Any, moved: dict[str, str]) -> Any:
     """`column` with its vocabulary file replaced per `moved`, if listed."""
-    if isinstance(column, VocabularyFileColumn):
-        target = moved.get(column.vocabulary_file)
-        if target is None:
-            return column
-        return dataclasses.replace(column, vocabulary_file=target)
-    inner = getattr(column, "categorical_column", None)
-    if inner is None:
-        return column
-    replaced = _with_vocabulary_files(inner, moved)
-    if replaced is inner:
+    categorical = _categorical(column)
+    replaced = categorical.with_vocabulary_files(moved)
+    if categorical is column:
+        return replaced
+    if replaced is categorical:
         return column
     return dataclasses.replace(column, categorical_column=replaced)
 

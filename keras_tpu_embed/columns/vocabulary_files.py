@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+from typing import Any
 from typing import Iterator
 
 from keras_tpu_embed._compat import tf
@@ -141,3 +142,44 @@ def read_vocabulary_file(path: str, key: str, dtype: str) -> list[str]:
             seen_integers[value] = (token, number)
         seen[token] = number
     return list(seen)
+
+
+def check_file_format(key: str, path: str, file_format: str | None) -> str:
+    """Returns the vocabulary's format; only text files are read.
+
+    `tf.feature_column.categorical_column_with_vocabulary_file` (TF2) also
+    reads `"tfrecord_gzip"`, and picks it for a path ending in
+    `tfrecord.gz` when `file_format` is None (`feature_column_v2.py`,
+    `categorical_column_with_vocabulary_file_v2`). Lookups, `.keras` assets
+    and serving exports here read one token per text line, so such a file
+    is refused rather than misread.
+    """
+    if file_format is None:
+        file_format = (
+            "tfrecord_gzip" if path.endswith("tfrecord.gz") else "text"
+        )
+    if file_format != "text":
+        raise ValueError(
+            f"Column '{key}' reads its vocabulary {path} with "
+            f"file_format={file_format!r}; only file_format='text' (one "
+            "token per line) is supported. Write the tokens to a text file, "
+            "e.g. with `tf.data.TFRecordDataset(path, 'GZIP')` and one line "
+            "per record, and pass that file."
+        )
+    return file_format
+
+
+def check_oov(
+    key: str, num_oov_buckets: int, default_value: Any, unset: Any
+) -> None:
+    if not isinstance(num_oov_buckets, int) or num_oov_buckets < 0:
+        raise ValueError(
+            f"Invalid num_oov_buckets {num_oov_buckets!r} in {key}: it must "
+            "be a non-negative integer."
+        )
+    if num_oov_buckets and default_value != unset:
+        raise ValueError(
+            f"Can't specify both num_oov_buckets and default_value in {key}. "
+            f"Received: num_oov_buckets={num_oov_buckets}, "
+            f"default_value={default_value}"
+        )

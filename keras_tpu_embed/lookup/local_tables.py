@@ -39,6 +39,7 @@ from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.optimizers import apply_update
 from keras_tpu_embed.optimizers.row_update import refuse_non_finite
+from keras_tpu_embed.quantization import QuantizedTable
 from keras_tpu_embed.tables import TableSpec
 from keras_tpu_embed.tpu_hardware import embedding_hardware
 from keras_tpu_embed.types import Tensor
@@ -68,8 +69,9 @@ class LocalTables:
         self._step: Any = None
         self._trigger: Any = None
         self._counts_step = True
-        # Set by a quantized serving export while it traces (`serving.py`).
-        self.serving_tables: dict[str, Any] = {}
+        # Set by the layer's `serving_lookups(table_dtype=...)` while an
+        # export traces.
+        self.serving_tables: dict[str, QuantizedTable] = {}
 
     def create_variables(self, layer: keras.layers.Layer) -> Any:
         """Creates every table and slot as a weight of `layer`.
