@@ -46,6 +46,8 @@ from typing import Sequence
 
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_data_distribute
+from keras_tpu_embed._compat import tf_eager_context
 from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.ids import PADDING_ID
 from keras_tpu_embed.ids import densify
@@ -258,6 +260,29 @@ def _pod_shape(context: Any) -> tuple[int, int, int]:
     return hosts, host, max(1, context.num_replicas_in_sync // hosts)
 
 
+def _on_this_host(dataset: Any) -> Any:
+    """`dataset`, or its copy on the host whose pipeline is being built.
+
+    `distribute_datasets_from_function` builds each host's pipeline under
+    that host's device. On a pod the hosts are other tasks than the client
+    that made `dataset`, and a dataset cannot be copied between tasks as a
+    tensor: its graph is sent instead (TF's `replicate`, which
+    `experimental_distribute_dataset` uses the same way).
+    """
+    here = tf_eager_context.context().device_name
+    if not here or not tf.executing_eagerly():
+        return dataset
+    host = tf.DeviceSpec.from_string(here)
+    origin = tf.DeviceSpec.from_string(dataset._variant_tensor.device)
+    if (host.job, host.replica, host.task) == (
+        origin.job,
+        origin.replica,
+        origin.task,
+    ):
+        return dataset
+    return tf_data_distribute.replicate(dataset, [here])[here]
+
+
 def _host_slices(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
     """Each host's slices of every full global batch, as single examples.
 
@@ -280,7 +305,7 @@ def _host_slices(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
         hosts, host, replicas = _pod_shape(context)
         share = global_batch_size // (hosts * replicas)
         starts = [(r * hosts + host) * share for r in range(replicas)]
-        full = dataset.filter(
+        full = _on_this_host(dataset).filter(
             lambda *batch: tf.equal(
                 _rows(tf.nest.flatten(batch)[0]), global_batch_size
             )
@@ -336,7 +361,7 @@ def _sharded(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
     def host_dataset(context: Any) -> Any:
         hosts, host, replicas = _pod_shape(context)
         share = global_batch_size // (hosts * replicas)
-        examples = dataset
+        examples = _on_this_host(dataset)
         if cardinality != tf.data.INFINITE_CARDINALITY:
             full = int(cardinality) // global_batch_size * global_batch_size
             examples = examples.take(full)
