@@ -203,7 +203,7 @@ def distribute_dataset(
     clean_ids = _engine_id_filter(strategy, preprocessor)
     batch_size = global_batch_size
 
-    def dataset_fn(context: Any) -> Any:
+    def host_pipeline(context: Any) -> Any:
         dataset = make_host_dataset(context)
         per_replica = context.get_per_replica_batch_size(batch_size)
         dataset = dataset.batch(per_replica, drop_remainder=True)
@@ -214,6 +214,19 @@ def distribute_dataset(
                     _on_features(step), num_parallel_calls=tf.data.AUTOTUNE
                 )
         return dataset.prefetch(tf.data.AUTOTUNE)
+
+    def dataset_fn(context: Any) -> Any:
+        host = _remote_host()
+        if host is None:
+            return host_pipeline(context)
+        # A pod's host that is not this process: the pipeline is built here
+        # (where the dataset and the preprocessor's tables are) and sent to
+        # the host as its graph, as TF's `experimental_distribute_dataset`
+        # sends it. A dataset or a lookup table of this process cannot be
+        # reached from another task.
+        with tf.device(None):
+            dataset = host_pipeline(context)
+        return tf_data_distribute.replicate(dataset, [host])[host]
 
     return strategy.distribute_datasets_from_function(
         dataset_fn,
@@ -260,27 +273,22 @@ def _pod_shape(context: Any) -> tuple[int, int, int]:
     return hosts, host, max(1, context.num_replicas_in_sync // hosts)
 
 
-def _on_this_host(dataset: Any) -> Any:
-    """`dataset`, or its copy on the host whose pipeline is being built.
-
-    `distribute_datasets_from_function` builds each host's pipeline under
-    that host's device. On a pod the hosts are other tasks than the client
-    that made `dataset`, and a dataset cannot be copied between tasks as a
-    tensor: its graph is sent instead (TF's `replicate`, which
-    `experimental_distribute_dataset` uses the same way).
-    """
-    here = tf_eager_context.context().device_name
-    if not here or not tf.executing_eagerly():
-        return dataset
-    host = tf.DeviceSpec.from_string(here)
-    origin = tf.DeviceSpec.from_string(dataset._variant_tensor.device)
-    if (host.job, host.replica, host.task) == (
-        origin.job,
-        origin.replica,
-        origin.task,
+def _remote_host() -> str | None:
+    """The host whose pipeline `distribute_datasets_from_function` is
+    building (its eager device scope), when it is another task than this
+    process's; else None."""
+    if not tf.executing_eagerly():
+        return None
+    context = tf_eager_context.context()
+    here = tf.DeviceSpec.from_string(context.device_name or "")
+    local = tf.DeviceSpec.from_string(context.host_address_space())
+    if here.job is None or (here.job, here.replica, here.task) == (
+        local.job,
+        local.replica,
+        local.task,
     ):
-        return dataset
-    return tf_data_distribute.replicate(dataset, [here])[here]
+        return None
+    return str(context.device_name)
 
 
 def _host_slices(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
@@ -305,7 +313,7 @@ def _host_slices(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
         hosts, host, replicas = _pod_shape(context)
         share = global_batch_size // (hosts * replicas)
         starts = [(r * hosts + host) * share for r in range(replicas)]
-        full = _on_this_host(dataset).filter(
+        full = dataset.filter(
             lambda *batch: tf.equal(
                 _rows(tf.nest.flatten(batch)[0]), global_batch_size
             )
@@ -361,7 +369,7 @@ def _sharded(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:
     def host_dataset(context: Any) -> Any:
         hosts, host, replicas = _pod_shape(context)
         share = global_batch_size // (hosts * replicas)
-        examples = _on_this_host(dataset)
+        examples = dataset
         if cardinality != tf.data.INFINITE_CARDINALITY:
             full = int(cardinality) // global_batch_size * global_batch_size
             examples = examples.take(full)

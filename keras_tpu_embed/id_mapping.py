@@ -79,6 +79,20 @@ def check_raw_dtype(
         )
 
 
+class _UnsharedTextFileInitializer(tf.lookup.TextFileInitializer):  # type: ignore[misc]
+    """A vocabulary file's initializer whose table is not shared.
+
+    TF names a file's table by the file's name, line count and columns
+    (`TextFileInitializer._shared_name`) and shares it in the process, so a
+    file rewritten in place kept its old mapping in every new table. With
+    no shared name, `StaticHashTable` gives the table a unique one.
+    """
+
+    @property
+    def _shared_name(self) -> str:
+        return ""
+
+
 class IdMapper:
     """Maps the values of one feature to ids with one column's rules."""
 
@@ -114,7 +128,7 @@ class IdMapper:
     @classmethod
     def _file_table(cls, base: columns_lib.VocabularyFileColumn) -> Any:
         key_dtype = tf.string if base.dtype == "string" else tf.int64
-        initializer = tf.lookup.TextFileInitializer(
+        initializer = _UnsharedTextFileInitializer(
             filename=base.vocabulary_file,
             key_dtype=key_dtype,
             key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
@@ -127,17 +141,13 @@ class IdMapper:
 
     @staticmethod
     def _table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
-        # Anonymous: TF otherwise shares a file's table by its name, line
-        # count and columns (`TextFileInitializer._shared_name`), so a file
-        # rewritten in place kept its old mapping in every new table of
-        # the process.
+        # Each table has a name of its own (see `_UnsharedTextFileInitializer`)
+        # but is not anonymous: an anonymous table cannot be serialized
+        # with a dataset's graph, which is how an input pipeline reaches a
+        # pod's hosts (`distribute_dataset`).
         if num_oov_buckets:
-            return tf.lookup.StaticVocabularyTable(
-                initializer, num_oov_buckets, experimental_is_anonymous=True
-            )
-        return tf.lookup.StaticHashTable(
-            initializer, default, experimental_is_anonymous=True
-        )
+            return tf.lookup.StaticVocabularyTable(initializer, num_oov_buckets)
+        return tf.lookup.StaticHashTable(initializer, default)
 
     def __call__(self, values: Tensor) -> Tensor:
         base = self.column.base
