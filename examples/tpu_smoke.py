@@ -505,7 +505,6 @@ def _stages(
         sample = {k: v[:global_batch_size] for k, v in valid_raw[0].items()}
         on_tpu = model.predict(
             distributed((sample, valid_raw[1][:global_batch_size]), False),
-            steps=1,  # one global batch (a distributed dataset has no length)
             verbose=0,
         )[:, 0]
         serve = tf.saved_model.load(export_dir).signatures["serving_default"]

@@ -142,7 +142,10 @@ def distribute_dataset(
 
     Returns:
         A `tf.distribute.DistributedDataset` for `model.fit`, `evaluate` and
-        `predict`.
+        `predict`. Its `cardinality` is its number of steps (global
+        batches) when the input's length is known, so that Keras needs no
+        `steps_per_epoch` or `steps` for it; an endless or unknown-length
+        input still needs them.
 
     Raises:
         ValueError: a distributed dataset that fetches to device, a batch
@@ -215,7 +218,10 @@ def distribute_dataset(
                 )
         return dataset.prefetch(tf.data.AUTOTUNE)
 
+    replicas_per_host: list[int] = []
+
     def dataset_fn(context: Any) -> Any:
+        replicas_per_host.append(_pod_shape(context)[2])
         host = _remote_host()
         if host is None:
             return host_pipeline(context)
@@ -228,10 +234,30 @@ def distribute_dataset(
             dataset = host_pipeline(context)
         return tf_data_distribute.replicate(dataset, [host])[host]
 
-    return strategy.distribute_datasets_from_function(
+    distributed = strategy.distribute_datasets_from_function(
         dataset_fn,
         options=tf.distribute.InputOptions(experimental_fetch_to_device=False),
     )
+    _count_steps(distributed, replicas_per_host)
+    return distributed
+
+
+def _count_steps(distributed: Any, replicas_per_host: list[int]) -> None:
+    """Makes the distributed dataset's `cardinality` its number of steps.
+
+    Keras takes an epoch's steps from it when `steps_per_epoch` / `steps`
+    are not given. TF's `distribute_datasets_from_function` answers the
+    first host's count of per-replica batches, which that host's replicas
+    take in turn, one each per step: Keras expected `replicas_per_host`
+    times the steps and warned that the input ran out.
+    """
+    if not isinstance(distributed, tf.distribute.DistributedDataset):
+        return  # The default strategy's plain dataset counts its batches.
+    batches = getattr(distributed, "_cardinality", None)
+    if batches is None or batches < 0 or not replicas_per_host:
+        return  # Infinite or unknown: Keras needs steps_per_epoch then.
+    # A last step that only some replicas fill still runs (TF pads it).
+    distributed._cardinality = -(-int(batches) // replicas_per_host[0])
 
 
 def batch_size_of(dataset: Any) -> int:

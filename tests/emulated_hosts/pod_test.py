@@ -9,6 +9,7 @@ then equals one device on the same global batches.
 """
 
 import json
+import warnings
 
 import keras
 import numpy as np
@@ -48,6 +49,10 @@ def test_tf_sees_two_hosts_with_their_own_input_and_shards():
             strategy, host_dataset, models.GLOBAL_BATCH
         )
         assert contexts == [(2, 0), (2, 1)]
+        # Keras' steps per epoch (TF counts a host's per-replica batches).
+        steps = models.ROWS // models.GLOBAL_BATCH
+        assert batches.cardinality == steps
+        assert models.batches(strategy).cardinality == steps
         features, _ = next(iter(batches))
         # Host h's pipeline feeds replicas 2h and 2h + 1, on the host.
         tasks = [
@@ -104,7 +109,11 @@ def test_fit_on_two_hosts_equals_one_device(optimizer, feature):
         assert (model.get_layer("embed").engine is not None) == (
             feature == "V1"
         )
-        model.fit(models.batches(strategy), epochs=2, verbose=0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # No steps_per_epoch: Keras counts the steps itself.
+            model.fit(models.batches(strategy), epochs=2, verbose=0)
+        assert not [w for w in caught if "ran out of data" in str(w.message)]
         models.assert_values_equal(
             models.table_values(model), models.local_values(expected)
         )
