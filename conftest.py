@@ -13,9 +13,10 @@ import tensorflow as tf  # noqa: E402
 import keras_tpu_embed as kte  # noqa: E402
 
 # tests/emulated splits the CPU into logical devices, which only works
-# before TensorFlow starts: tests/emulated_tpu_test.py runs it in a process
-# of its own (`pytest tests/emulated`, named explicitly, is still collected).
-collect_ignore = ["tests/emulated"]
+# before TensorFlow starts, and tests/emulated_hosts connects the process to
+# a cluster: tests/emulated_tpu_test.py runs each in a process of its own
+# (`pytest tests/emulated`, named explicitly, is still collected).
+collect_ignore = ["tests/emulated", "tests/emulated_hosts"]
 
 # The test files that start processes, train to convergence or export many
 # SavedModels, costliest first: over 90% of the suite's time (seconds of
@@ -26,7 +27,7 @@ SLOW_FILES = (
     "replicas_test.py",  # 258
     "benchmarks_test.py",  # 130, one module fixture
     "quantization_test.py",  # 97
-    "emulated_tpu_test.py",  # 90, one subprocess: tests/emulated
+    "emulated_tpu_test.py",  # 90 + 50, subprocesses: tests/emulated(_hosts)
     "notebooks_test.py",  # 52 (+ 60 for notebook 04 under the emulation)
     "install_test.py",  # 40
     "save_paths_test.py",  # 38

@@ -22,12 +22,17 @@ traceback) or SKIP (with the reason):
   every table must have changed between them (the engine trained them);
 - export: `kte.export_saved_model` from the CPU model;
 - serve: the SavedModel on raw features against the TPU model's predictions
-  on the same examples (float32 matmul precision on both sides).
+  on the same examples (float32 matmul precision on both sides), row by
+  row: on a pod this checks that `predict` returned the rows in input
+  order (the predictions differ from row to row, so any permutation
+  shows).
 
 Without a TPU, `--emulate V1` (or `V2`, SparseCore: `TPUEmbeddingV2`; or
 `UNSUPPORTED`, a TPU without an engine) runs the same stages under
 `keras_tpu_embed.testing.emulated_tpu` on 2 logical CPU devices
 (`--replicas`): TF's own mid-level code, only the chip emulated.
+`--hosts 2 --replicas 4` emulates a pod slice of 2 hosts, where the serve
+stage also checks that `predict` kept the input's row order.
 That is a rehearsal, not the TPU report.
 
 The last line is `SMOKE PASS`, `SMOKE FAIL at <stage>` or `SMOKE SKIP:
@@ -496,7 +501,6 @@ def _stages(
         sample = {k: v[:global_batch_size] for k, v in valid_raw[0].items()}
         on_tpu = model.predict(
             distributed((sample, valid_raw[1][:global_batch_size]), False),
-            steps=1,  # one global batch (a distributed dataset has no length)
             verbose=0,
         )[:, 0]
         serve = tf.saved_model.load(export_dir).signatures["serving_default"]
@@ -507,6 +511,14 @@ def _stages(
         served = serve(**raw)["click"].numpy()[:, 0]
         difference = float(np.max(np.abs(served - on_tpu)))
         details["examples"] = len(served)
+        # Rows that predict alike could be swapped unseen.
+        details["distinct_predictions"] = len(np.unique(served.round(6)))
+        if details["distinct_predictions"] < len(served) // 2:
+            raise AssertionError(
+                f"only {details['distinct_predictions']} distinct "
+                f"predictions of {len(served)}: a row permutation by "
+                "predict would not show"
+            )
         details["max_difference"] = difference
         report.numbers["max_difference"] = difference
         if not difference <= tolerance:
@@ -533,6 +545,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--replicas", type=int, default=2, help="replicas of --emulate"
+    )
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="hosts of --emulate, dividing --replicas (2: a pod slice, "
+        "whose predict must keep the input's row order)",
     )
     args = parser.parse_args(argv)
     # A failure must show the whole traceback, Keras frames included.
@@ -573,7 +592,9 @@ def _emulated(args: argparse.Namespace, output_dir: str, report: Report) -> int:
     """The stages under `emulated_tpu`, in place of a TPU."""
     from keras_tpu_embed.testing import emulated_tpu
 
-    with emulated_tpu(args.replicas, embedding_feature=args.emulate) as tpu:
+    with emulated_tpu(
+        args.replicas, num_hosts=args.hosts, embedding_feature=args.emulate
+    ) as tpu:
         report.environment = environment(tpu)
         report.environment["emulated"] = args.emulate
         print_environment(report.environment)

@@ -47,6 +47,14 @@ from keras.src.backend.tensorflow.random import _cast_seed as keras_cast_seed  #
 from keras.src.random.seed_generator import draw_seed as keras_draw_seed  # noqa: E402
 from keras.src.utils.io_utils import print_msg  # noqa: E402
 
+# `distribute_dataset` on a pod: a dataset made by the client is copied to
+# each host as its graph (what `experimental_distribute_dataset` does); the
+# host an input pipeline is being built for is the eager device scope
+# (`tf_eager_context` below).
+from tensorflow.python.data.experimental.ops import (  # noqa: E402
+    distribute as tf_data_distribute,
+)
+
 # For `keras_tpu_embed.testing` only: the TPU strategy it subclasses and the
 # chip ops it replaces have no public API.
 from tensorflow.python.distribute import distribute_lib as tf_distribute_lib  # noqa: E402
@@ -55,6 +63,7 @@ from tensorflow.python.distribute import (  # noqa: E402
 )
 from tensorflow.python.distribute import tpu_strategy as tf_tpu_strategy  # noqa: E402
 from tensorflow.python.distribute import tpu_util as tf_tpu_util  # noqa: E402
+from tensorflow.python.eager import context as tf_eager_context  # noqa: E402
 from tensorflow.python.feature_column import (  # noqa: E402
     feature_column_v2 as tf_feature_column_v2,
 )
@@ -127,6 +136,8 @@ __all__ = [
     "tf",
     "keras",
     "tf_control_flow_ops",
+    "tf_data_distribute",
+    "tf_eager_context",
     "tf_distribute_lib",
     "tf_feature_column_v2",
     "tf_mirrored_strategy",

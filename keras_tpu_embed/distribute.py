@@ -46,6 +46,8 @@ from typing import Sequence
 
 from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_data_distribute
+from keras_tpu_embed._compat import tf_eager_context
 from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.ids import PADDING_ID
 from keras_tpu_embed.ids import densify
@@ -140,7 +142,10 @@ def distribute_dataset(
 
     Returns:
         A `tf.distribute.DistributedDataset` for `model.fit`, `evaluate` and
-        `predict`.
+        `predict`. Its `cardinality` is its number of steps (global
+        batches) when the input's length is known, so that Keras needs no
+        `steps_per_epoch` or `steps` for it; an endless or unknown-length
+        input still needs them.
 
     Raises:
         ValueError: a distributed dataset that fetches to device, a batch
@@ -201,7 +206,7 @@ def distribute_dataset(
     clean_ids = _engine_id_filter(strategy, preprocessor)
     batch_size = global_batch_size
 
-    def dataset_fn(context: Any) -> Any:
+    def host_pipeline(context: Any) -> Any:
         dataset = make_host_dataset(context)
         per_replica = context.get_per_replica_batch_size(batch_size)
         dataset = dataset.batch(per_replica, drop_remainder=True)
@@ -213,10 +218,46 @@ def distribute_dataset(
                 )
         return dataset.prefetch(tf.data.AUTOTUNE)
 
-    return strategy.distribute_datasets_from_function(
+    replicas_per_host: list[int] = []
+
+    def dataset_fn(context: Any) -> Any:
+        replicas_per_host.append(_pod_shape(context)[2])
+        host = _remote_host()
+        if host is None:
+            return host_pipeline(context)
+        # A pod's host that is not this process: the pipeline is built here
+        # (where the dataset and the preprocessor's tables are) and sent to
+        # the host as its graph, as TF's `experimental_distribute_dataset`
+        # sends it. A dataset or a lookup table of this process cannot be
+        # reached from another task.
+        with tf.device(None):
+            dataset = host_pipeline(context)
+        return tf_data_distribute.replicate(dataset, [host])[host]
+
+    distributed = strategy.distribute_datasets_from_function(
         dataset_fn,
         options=tf.distribute.InputOptions(experimental_fetch_to_device=False),
     )
+    _count_steps(distributed, replicas_per_host)
+    return distributed
+
+
+def _count_steps(distributed: Any, replicas_per_host: list[int]) -> None:
+    """Makes the distributed dataset's `cardinality` its number of steps.
+
+    Keras takes an epoch's steps from it when `steps_per_epoch` / `steps`
+    are not given. TF's `distribute_datasets_from_function` answers the
+    first host's count of per-replica batches, which that host's replicas
+    take in turn, one each per step: Keras expected `replicas_per_host`
+    times the steps and warned that the input ran out.
+    """
+    if not isinstance(distributed, tf.distribute.DistributedDataset):
+        return  # The default strategy's plain dataset counts its batches.
+    batches = getattr(distributed, "_cardinality", None)
+    if batches is None or batches < 0 or not replicas_per_host:
+        return  # Infinite or unknown: Keras needs steps_per_epoch then.
+    # A last step that only some replicas fill still runs (TF pads it).
+    distributed._cardinality = -(-int(batches) // replicas_per_host[0])
 
 
 def batch_size_of(dataset: Any) -> int:
@@ -256,6 +297,24 @@ def _pod_shape(context: Any) -> tuple[int, int, int]:
     """(hosts, this host, replicas per host) of an `InputContext`."""
     hosts, host = context.num_input_pipelines, context.input_pipeline_id
     return hosts, host, max(1, context.num_replicas_in_sync // hosts)
+
+
+def _remote_host() -> str | None:
+    """The host whose pipeline `distribute_datasets_from_function` is
+    building (its eager device scope), when it is another task than this
+    process's; else None."""
+    if not tf.executing_eagerly():
+        return None
+    context = tf_eager_context.context()
+    here = tf.DeviceSpec.from_string(context.device_name or "")
+    local = tf.DeviceSpec.from_string(context.host_address_space())
+    if here.job is None or (here.job, here.replica, here.task) == (
+        local.job,
+        local.replica,
+        local.task,
+    ):
+        return None
+    return str(context.device_name)
 
 
 def _host_slices(dataset: Any, global_batch_size: int) -> Callable[[Any], Any]:

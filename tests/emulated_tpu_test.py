@@ -1,9 +1,11 @@
-"""The emulated-TPU suite (`tests/emulated`) passes, run in its own process.
+"""The emulated-TPU suites pass, each run in its own process.
 
-Those tests split the CPU into 2 logical devices, which TensorFlow allows
-only before its runtime starts, so they cannot run inside this session
-(the root `conftest.py` leaves them out): here they run in a fresh
-`python -m pytest`, and its output is shown when it fails.
+`tests/emulated` splits the CPU into 2 logical devices, which TensorFlow
+allows only before its runtime starts; `tests/emulated_hosts` connects the
+process to a cluster of two in-process TF servers (a pod's two hosts) for
+the rest of the process. Neither can run inside this session (the root
+`conftest.py` leaves them out): each runs in a fresh `python -m pytest`,
+and its output is shown when it fails.
 """
 
 import os
@@ -17,8 +19,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_emulated_tpu_suite_passes():
+def _suite_passes(directory):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run(
         [
@@ -30,7 +31,7 @@ def test_emulated_tpu_suite_passes():
             "no:cacheprovider",
             "-p",
             "no:xdist",
-            "tests/emulated",
+            directory,
         ],
         cwd=ROOT,
         env=env,
@@ -45,3 +46,14 @@ def test_emulated_tpu_suite_passes():
     summary = result.stdout.strip().splitlines()[-1]
     assert re.match(r"^\d+ passed", summary), output
     assert not re.search(r"\b(failed|error|errors)\b", summary), output
+
+
+@pytest.mark.slow
+def test_emulated_tpu_suite_passes():
+    _suite_passes("tests/emulated")
+
+
+@pytest.mark.slow
+def test_emulated_pod_suite_passes():
+    """2 hosts x 2 replicas: `tests/emulated_hosts`."""
+    _suite_passes("tests/emulated_hosts")

@@ -139,18 +139,28 @@ class HashedIds(ValueIds):
         return tf.strings.to_hash_bucket_fast(values, self.column.num_buckets)
 
 
+class _UnsharedTextFileInitializer(tf.lookup.TextFileInitializer):  # type: ignore[misc]
+    """A vocabulary file's initializer whose table is not shared.
+
+    TF names a file's table by the file's name, line count and columns
+    (`TextFileInitializer._shared_name`) and shares it in the process, so a
+    file rewritten in place kept its old mapping in every new table. With
+    no shared name, `StaticHashTable` gives the table a unique one.
+    """
+
+    @property
+    def _shared_name(self) -> str:
+        return ""
+
+
 def _lookup_table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
-    # Anonymous: TF otherwise shares a file's table by its name, line
-    # count and columns (`TextFileInitializer._shared_name`), so a file
-    # rewritten in place kept its old mapping in every new table of
-    # the process.
+    # Each table has a name of its own (see `_UnsharedTextFileInitializer`)
+    # but is not anonymous: an anonymous table cannot be serialized with a
+    # dataset's graph, which is how an input pipeline reaches a pod's hosts
+    # (`distribute_dataset`).
     if num_oov_buckets:
-        return tf.lookup.StaticVocabularyTable(
-            initializer, num_oov_buckets, experimental_is_anonymous=True
-        )
-    return tf.lookup.StaticHashTable(
-        initializer, default, experimental_is_anonymous=True
-    )
+        return tf.lookup.StaticVocabularyTable(initializer, num_oov_buckets)
+    return tf.lookup.StaticHashTable(initializer, default)
 
 
 def _looked_up(table: Any, values: Tensor) -> Tensor:
@@ -215,7 +225,7 @@ class VocabularyFileIds(ValueIds):
 
     def _file_table(self) -> Any:
         string = self.column.input_dtype == "string"
-        initializer = tf.lookup.TextFileInitializer(
+        initializer = _UnsharedTextFileInitializer(
             filename=self.vocabulary_file,
             key_dtype=tf.string if string else tf.int64,
             key_index=tf.lookup.TextFileIndex.WHOLE_LINE,

@@ -58,7 +58,8 @@ def check_enqueue_inputs(
     (`TPUEmbedding._get_output_shapes_from_input_shapes`): a dense
     sequence feature would come back combined, `[batch, dim]`, not
     `[batch, max_sequence_length, dim]`. Wider dense ids, `[batch, n]`
-    with n > 1, TF refuses with a message that names no fix.
+    with n > 1, TF refuses with a message that names no fix. Sparse and
+    ragged ids in one step cannot share the one enqueue of that step.
     """
     for feature, value in features.items():
         shape = value.shape if isinstance(value, tf.Tensor) else None
@@ -88,6 +89,24 @@ def check_enqueue_inputs(
                 "dim]. Feed it as a tf.SparseTensor or tf.RaggedTensor "
                 "(kte.FeaturePreprocessor outputs sparse ids)."
             )
+    # The enqueue op takes sample indices (sparse) or row splits (ragged)
+    # for all its features; one enqueue carries every engine feature.
+    sparse = sorted(
+        f for f, v in features.items() if isinstance(v, tf.SparseTensor)
+    )
+    ragged = sorted(
+        f for f, v in features.items() if isinstance(v, tf.RaggedTensor)
+    )
+    if sparse and ragged:
+        raise ValueError(
+            "The TPU embedding engine takes one step's ids in one enqueue, "
+            "either all sparse or all ragged, but its features are sparse "
+            f"{sparse} and ragged {ragged}. Feed them one way: e.g. "
+            "declare every multivalent input keras.Input(..., sparse=True) "
+            "and turn ragged features into tf.SparseTensor in the input "
+            "pipeline (ragged.to_sparse()); kte.FeaturePreprocessor "
+            "outputs sparse ids for every column."
+        )
 
 
 def check_batch_size(

@@ -30,15 +30,34 @@ and `apply_gradients` run unmodified; only its SparseCore ops are CPU
 kernels (`emulated_sparsecore.py`). Nothing of it has run on a SparseCore
 TPU; `docs/tpu.md` lists where it may differ.
 
+A pod slice (`num_hosts > 1`) is emulated the way a TPU pod is driven:
+this process is the client of a cluster whose hosts are TF servers (tasks
+of the job "worker", started in this process, each with `num_replicas /
+num_hosts` CPU devices as its cores), and TF's remote eager runtime runs
+each host's ops on it. What TF's own code then sees is a pod: the hosts
+(`num_hosts`, one per task, `tpu_embedding_v2_utils.get_list_of_hosts`),
+each table sharded over them by `TPUEmbedding`'s sharded variable creator
+(one shard per host, on that host, with its `shard_info`), one input
+pipeline per host (`distribute_datasets_from_function` with
+`num_input_pipelines == num_hosts`, each host's pipeline built on that
+host and feeding its own replicas), a dataset made by the client reaching
+a host only as a graph, as it does on a pod, and Keras' multi-host
+`predict` reordering. What is not emulated there: the hosts share one
+machine and one process (a host that dies, a slow network or the
+coordination service of a real pod are not exercised), replicas reduce on
+one device rather than over the TPU interconnect, and the chip's memory
+is one, not one per host.
+
 What the emulation cannot tell you: XLA's lowering for TPU, the chip's own
-numerics and speed, the real input pipeline of a TPU host, and a real
-multi-host pod (hosts are emulated by several logical CPUs of one
-process). `examples/tpu_smoke.py` is the run to do on a TPU VM.
+numerics and speed, the real input pipeline of a TPU host, and the network
+and failures of a real pod. `examples/tpu_smoke.py` is the run to do on a
+TPU VM.
 """
 
 from __future__ import annotations
 
 import contextlib
+import socket
 from typing import Any
 from typing import Iterator
 from typing import Literal
@@ -153,7 +172,24 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
         num_hosts: int,
         embedding_feature: str,
     ) -> None:
-        super().__init__(container, devices=devices)
+        hosts = _by_host(devices)
+        if len(hosts) == 1:
+            super().__init__(container, devices=devices)
+        else:
+            # MirroredExtended refuses the devices of several tasks in eager
+            # mode (its multi-worker input and collectives are for separate
+            # clients): it starts on the first host's devices, then takes
+            # all of them. Its collectives would need every task to join
+            # one group; reducing on one device works across tasks.
+            super().__init__(
+                container,
+                devices=hosts[0][1],
+                cross_device_ops=tf.distribute.ReductionToOneDevice(),
+            )
+            self._initialize_strategy(devices)
+            # One input worker per host, feeding that host's replicas, as
+            # TPUExtended's `_device_input_worker_devices`.
+            self._input_workers_devices = tuple(hosts)
         self._emulated_num_hosts = num_hosts
         self._hardware_feature = _HardwareFeature(embedding_feature)
         # The TPU step has static shapes (TPUExtended says the same).
@@ -164,20 +200,25 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
         """TPUExtended's device grid: one logical core per replica."""
         return np.array([[d] for d in self.worker_devices], dtype=object)
 
-    def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
-        # TPUExtended's rule: a sharded creator (TPU embedding tables) asks
-        # for plain variables on the devices it picks.
-        if kwargs.pop("skip_mirrored_creator", False):
-            return next_creator(**kwargs)
-        return super()._create_variable(next_creator, **kwargs)
-
     @property
     def num_hosts(self) -> int:
         return self._emulated_num_hosts
 
     @property
     def _host_device(self) -> str:
-        return "/job:localhost/replica:0/task:0/device:CPU:0"
+        return _host_of(self._devices[0])
+
+    def _create_variable(self, next_creator: Any, **kwargs: Any) -> Any:
+        """TPUExtended's first rule: `skip_mirrored_creator` makes a plain
+        variable where the caller's device scope says.
+
+        `TPUEmbedding`'s sharded creator asks for it, for each host's shard
+        on that host; the mirrored creator would copy every shard to every
+        replica, all of them on the first host.
+        """
+        if kwargs.pop("skip_mirrored_creator", False):
+            return next_creator(**kwargs)
+        return super()._create_variable(next_creator, **kwargs)
 
     # TF's own: `_reduce_to` below hands it its output.
     _broadcast_output = tpu_strategy.TPUExtended._broadcast_output
@@ -264,6 +305,27 @@ class EmulatedTPUStrategy(tpu_strategy.TPUStrategyV2):  # type: ignore[misc]
         self.embedding_feature = embedding_feature
 
 
+def _host_of(device: str) -> str:
+    """The host CPU of `device`, as TF's `device_util.get_host_for_device`."""
+    spec = tf.DeviceSpec.from_string(device)
+    host: str = tf.DeviceSpec(
+        job=spec.job,
+        replica=spec.replica,
+        task=spec.task,
+        device_type="CPU",
+        device_index=0,
+    ).to_string()
+    return host
+
+
+def _by_host(devices: list[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """`(host, its devices)` for each host of `devices`, in their order."""
+    hosts: dict[str, list[str]] = {}
+    for device in devices:
+        hosts.setdefault(_host_of(device), []).append(device)
+    return [(host, tuple(owned)) for host, owned in hosts.items()]
+
+
 def _cpu_devices(count: int) -> list[str]:
     """`count` logical CPU devices, configured here when TF has not started."""
     cpu = tf.config.list_physical_devices("CPU")[0]
@@ -289,6 +351,61 @@ def _cpu_devices(count: int) -> list[str]:
             f"* {count})."
         )
     return [device.name for device in devices[:count]]
+
+
+# The hosts of this process's emulated pod: (hosts, replicas per host) ->
+# devices. Its servers live as long as the process (TF cannot stop an
+# in-process server), so a pod of the same shape is reused.
+_PODS: dict[tuple[int, int], list[str]] = {}
+_SERVERS: list[Any] = []
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return int(probe.getsockname()[1])
+
+
+def _pod_devices(num_replicas: int, num_hosts: int) -> list[str]:
+    """The TPU cores of `num_hosts` hosts, as TF servers of this process.
+
+    Each host is a task of the job "worker" with `num_replicas /
+    num_hosts` CPU devices (its cores); this process is the client of the
+    cluster, as the coordinator of a TPU pod is, and runs every host's ops
+    through TF's remote eager runtime.
+    """
+    per_host = num_replicas // num_hosts
+    shape = (num_hosts, per_host)
+    if shape in _PODS:
+        return _PODS[shape]
+    if _PODS:
+        hosts, replicas = next(iter(_PODS))
+        raise RuntimeError(
+            f"emulated_tpu(num_replicas={num_replicas}, num_hosts="
+            f"{num_hosts}): this process already emulates a pod of {hosts} "
+            f"hosts x {replicas} replicas, and TensorFlow connects a "
+            "process to one cluster only. Use the same num_replicas and "
+            "num_hosts throughout the process, or a process per shape."
+        )
+    cluster = tf.train.ClusterSpec(
+        {"worker": [f"localhost:{_free_port()}" for _ in range(num_hosts)]}
+    )
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": per_host})
+    servers = [
+        tf.distribute.Server(
+            cluster, job_name="worker", task_index=task, config=config
+        )
+        for task in range(num_hosts)
+    ]
+    tf.config.experimental_connect_to_cluster(cluster)
+    devices = [
+        f"/job:worker/replica:0/task:{task}/device:CPU:{core}"
+        for task in range(num_hosts)
+        for core in range(per_host)
+    ]
+    _PODS[shape] = devices
+    _SERVERS.extend(servers)
+    return devices
 
 
 @contextlib.contextmanager
@@ -321,8 +438,10 @@ def emulated_tpu(
             device; they are configured here when TensorFlow has not
             started yet in this process.
         num_hosts: Hosts of the emulated pod slice, dividing
-            `num_replicas`. Only 1 is emulated today: a pod's hosts need
-            one TF server per host.
+            `num_replicas`. With more than one, the process becomes the
+            client of a cluster of `num_hosts` in-process TF servers (see
+            the module docstring) for the rest of its life: run such tests
+            in a process of their own, with one pod shape per process.
         embedding_feature: TF's name for the hardware:
             `tf.tpu.experimental.HardwareFeature.EmbeddingFeature` `"V1"`,
             `"V2"` (SparseCore) or `"UNSUPPORTED"`.
@@ -332,8 +451,10 @@ def emulated_tpu(
 
     Raises:
         ValueError: a bad argument, named.
-        RuntimeError: TensorFlow already runs with too few CPU devices.
-        NotImplementedError: several hosts, not emulated yet.
+        RuntimeError: TensorFlow already runs with too few CPU devices,
+            or this process already emulates a pod of another shape (or a
+            pod, and one host is asked for).
+        NotImplementedError: `"V2"` on several hosts, not emulated yet.
 
     Example:
 
@@ -375,12 +496,22 @@ def emulated_tpu(
             f"{EMBEDDING_FEATURES}. Received: "
             f"embedding_feature={embedding_feature!r}"
         )
-    if num_hosts > 1:
+    if embedding_feature == "V2" and num_hosts > 1:
         raise NotImplementedError(
-            f"emulated_tpu(num_hosts={num_hosts}): only one host is "
-            "emulated in this release."
+            f"emulated_tpu(embedding_feature='V2', num_hosts={num_hosts}): "
+            "SparseCore is emulated on one host only. Use num_hosts=1, or "
+            "embedding_feature='V1' to emulate a pod."
         )
-    devices = _cpu_devices(num_replicas)
+    if num_hosts > 1:
+        devices = _pod_devices(num_replicas, num_hosts)
+    elif _PODS:
+        raise RuntimeError(
+            f"emulated_tpu(num_replicas={num_replicas}, num_hosts=1): this "
+            "process is the client of an emulated pod, whose devices are "
+            "all remote. Emulate one host in another process."
+        )
+    else:
+        devices = _cpu_devices(num_replicas)
     chip: EmulatedChip | EmulatedSparseCore = (
         EmulatedSparseCore() if embedding_feature == "V2" else EmulatedChip()
     )

@@ -1,0 +1,262 @@
+"""2 hosts x 2 replicas under `emulated_tpu(4, num_hosts=2)`.
+
+TensorFlow's own code sees a pod of two hosts: `TPUEmbedding` creates each
+table as one shard per host (on that host, with its `shard_info`),
+`distribute_datasets_from_function` builds one input pipeline per host
+feeding that host's replicas, and Keras puts `predict`'s outputs back in
+order with its multi-host reordering (`_tpu_multi_host_concat`). Training
+then equals one device on the same global batches.
+"""
+
+import json
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+from tensorflow.python.tpu import tpu_embedding_v2_utils
+
+import keras_tpu_embed as kte
+from keras_tpu_embed.testing import emulated_tpu
+from tests.emulated import models
+
+HOSTS = 2
+REPLICAS = 4
+
+
+def _host(task):
+    return f"/job:worker/replica:0/task:{task}/device:CPU:0"
+
+
+def test_tf_sees_two_hosts_with_their_own_input_and_shards():
+    contexts = []
+
+    def host_dataset(context):
+        pipelines = context.num_input_pipelines
+        contexts.append((pipelines, context.input_pipeline_id))
+        return models.dataset().shard(pipelines, context.input_pipeline_id)
+
+    with emulated_tpu(REPLICAS, num_hosts=HOSTS) as strategy:
+        assert strategy.extended.num_hosts == HOSTS
+        assert strategy.extended.num_replicas_per_host == 2
+        assert tpu_embedding_v2_utils.get_list_of_hosts(strategy) == [
+            _host(0),
+            _host(1),
+        ]
+        batches = kte.distribute_dataset(
+            strategy, host_dataset, models.GLOBAL_BATCH
+        )
+        assert contexts == [(2, 0), (2, 1)]
+        # Keras' steps per epoch (TF counts a host's per-replica batches).
+        steps = models.ROWS // models.GLOBAL_BATCH
+        assert batches.cardinality == steps
+        assert models.batches(strategy).cardinality == steps
+        features, _ = next(iter(batches))
+        # Host h's pipeline feeds replicas 2h and 2h + 1, on the host.
+        tasks = [
+            tf.DeviceSpec.from_string(value.device).task
+            for value in strategy.experimental_local_results(features["user"])
+        ]
+        assert tasks == [0, 0, 1, 1]
+
+        model = models.build_emulated(strategy, "sgd")
+        model.predict(models.batches(strategy), verbose=0)
+        mid_level = model.get_layer("embed").engine.mid_level
+        # TF's sharded creator: host h holds its block of rows, on host h.
+        shard_rows = {"user": [10, 10], "item": [8, 7]}
+        for table, variables in mid_level._variables.items():
+            shards = variables["parameters"].variables
+            assert [shard.device for shard in shards] == [
+                _host(0),
+                _host(1),
+            ], table
+            assert [int(shard.shape[0]) for shard in shards] == shard_rows[
+                table
+            ]
+
+
+def _distinct_rows(strategy):
+    """32 examples, no two with the same ids: any permutation would show."""
+    rows = np.arange(32, dtype=np.int64)[:, None]
+    examples = tf.data.Dataset.from_tensor_slices(
+        ({"user": rows % 20, "item": rows % 15}, np.zeros((32, 1), "float32"))
+    )
+    return kte.distribute_dataset(strategy, examples, models.GLOBAL_BATCH)
+
+
+@pytest.mark.parametrize(
+    "optimizer, feature",
+    # SGD (no slots) is covered on one host (tests/emulated/training_test.py).
+    [("adagrad", "V1"), ("adam", "V1"), ("ftrl", "V1")]
+    + [("adagrad", "UNSUPPORTED")],
+)
+def test_fit_on_two_hosts_equals_one_device(optimizer, feature):
+    """... and `predict` keeps the input order: Keras' multi-host
+    reordering (`_tpu_multi_host_concat`) undoes `distribute_dataset`'s
+    layout."""
+    expected = models.one_device(optimizer)
+    wanted = expected.predict(
+        _distinct_rows(tf.distribute.get_strategy()), verbose=0
+    )
+    assert len(np.unique(wanted.round(5))) == len(wanted)
+    with emulated_tpu(
+        REPLICAS, num_hosts=HOSTS, embedding_feature=feature
+    ) as strategy:
+        assert keras_tf_trainer._is_tpu_multi_host(strategy)
+        model = models.build_emulated(strategy, optimizer)
+        assert (model.get_layer("embed").engine is not None) == (
+            feature == "V1"
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # No steps_per_epoch: Keras counts the steps itself.
+            model.fit(models.batches(strategy), epochs=2, verbose=0)
+        assert not [w for w in caught if "ran out of data" in str(w.message)]
+        models.assert_values_equal(
+            models.table_values(model), models.local_values(expected)
+        )
+        assert int(model.get_layer("embed").embedding_step.numpy()) == 8
+        for actual, weight in zip(
+            model.get_layer("head").get_weights(),
+            expected.get_layer("head").get_weights(),
+        ):
+            np.testing.assert_allclose(actual, weight, atol=1e-5, rtol=0)
+        predictions = model.predict(_distinct_rows(strategy), verbose=0)
+    np.testing.assert_allclose(predictions, wanted, atol=1e-5, rtol=0)
+
+
+def _engine_table(strategy, column):
+    with strategy.scope():
+        inputs = {"item": keras.Input((1,), dtype="int64", name="item")}
+        layer = kte.TPUEmbeddingLayer([column], name="embed")
+        model = keras.Model(inputs, layer(inputs)["item_embedding"])
+        model.compile(loss="mse")
+    assert layer.engine is not None
+    items = tf.data.Dataset.from_tensor_slices(
+        ({"item": np.zeros((8, 1), np.int64)}, np.zeros((8, 1), np.float32))
+    )
+    model.predict(kte.distribute_dataset(strategy, items, 8), verbose=0)
+    return models.engine_values(model)
+
+
+def test_tables_start_from_the_checkpoint_on_two_hosts(tmp_path):
+    values = np.arange(35, dtype=np.float32).reshape(7, 5)
+    path = tf.train.Checkpoint(table=tf.Variable(values)).write(
+        str(tmp_path / "c")
+    )
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 7),
+        5,
+        ckpt_to_load_from=path,
+        tensor_name_in_ckpt="table/.ATTRIBUTES/VARIABLE_VALUE",
+    )
+    with emulated_tpu(REPLICAS, num_hosts=HOSTS) as strategy:
+        tables = _engine_table(strategy, column)
+    (table,) = [name for name in tables if "/" not in name]
+    np.testing.assert_array_equal(tables[table], values)
+
+
+def test_default_initialized_table_repeats_no_rows_on_two_hosts():
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 16), 4
+    )
+    keras.utils.set_random_seed(3)
+    layer = kte.TPUEmbeddingLayer([column])
+    layer.build()
+    one_device = layer.table_variable("item").numpy()
+    keras.utils.set_random_seed(3)
+    with emulated_tpu(REPLICAS, num_hosts=HOSTS) as strategy:
+        tables = _engine_table(strategy, column)
+    (table,) = [name for name in tables if "/" not in name]
+    rows = tables[table]
+    assert len({row.tobytes() for row in rows}) == len(rows)
+    np.testing.assert_array_equal(rows, one_device)
+
+
+def test_one_process_emulates_one_pod_shape():
+    with emulated_tpu(REPLICAS, num_hosts=HOSTS):
+        pass
+    with pytest.raises(RuntimeError, match="2 hosts x 2 replicas"):
+        with emulated_tpu(6, num_hosts=2):
+            pass
+    with pytest.raises(RuntimeError, match="another process"):
+        with emulated_tpu(2):
+            pass
+
+
+def test_preprocessor_runs_on_each_host(tmp_path):
+    """The preprocessor's lookup tables reach the hosts with the pipeline.
+
+    They were anonymous tables of the client: a host's pipeline failed
+    with "Container Anonymous does not exist".
+    """
+    vocabulary = tmp_path / "countries.txt"
+    vocabulary.write_text("fr\nde\nit\n")
+    columns = [
+        kte.categorical_column_with_vocabulary_list("tag", ["a", "b", "c"]),
+        kte.categorical_column_with_vocabulary_file(
+            "country", str(vocabulary), num_oov_buckets=1
+        ),
+    ]
+    tags = np.array([["a"], ["c"], ["b"], ["x"]] * 2)
+    countries = np.array([["it"], ["fr"], ["zz"], ["de"]] * 2)
+    examples = tf.data.Dataset.from_tensor_slices(
+        ({"tag": tags, "country": countries}, np.zeros((8, 1), "float32"))
+    )
+    with emulated_tpu(REPLICAS, num_hosts=HOSTS) as strategy:
+        batches = kte.distribute_dataset(
+            strategy, examples, 8, preprocessor=kte.FeaturePreprocessor(columns)
+        )
+        features, _ = next(iter(batches))
+        got = {
+            key: [
+                tf.sparse.to_dense(value, default_value=-9).numpy().tolist()
+                for value in strategy.experimental_local_results(features[key])
+            ]
+            for key in ("tag", "country")
+        }
+    # Replica r of host h holds rows 2 * (2 * r + h), +1.
+    order = [[0, 1], [4, 5], [2, 3], [6, 7]]
+    # "x" is out of the vocabulary: -1, which the engine filter drops.
+    tag_ids = [[0], [2], [1], [-9]] * 2
+    country_ids = [[2], [0], [3], [1]] * 2
+    assert got["tag"] == [[tag_ids[i] for i in rows] for rows in order]
+    assert got["country"] == [[country_ids[i] for i in rows] for rows in order]
+
+
+def test_smoke_passes_on_two_emulated_hosts(tmp_path, capsys):
+    """Every stage, and the serve stage's row-by-row comparison of predict
+    with the served model: predict kept the input's order on 2 hosts."""
+    from tests.emulated.tpu_smoke_test import _main
+
+    code = _main(
+        [
+            "--emulate",
+            "V1",
+            "--hosts",
+            "2",
+            "--replicas",
+            "4",
+            "--steps",
+            "5",
+            "--epochs",
+            "2",
+            "--global-batch-size",
+            "64",
+            "--num-examples",
+            "2000",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "smoke_summary.json").read_text())
+    assert code == 0, printed
+    assert [s["status"] for s in summary["stages"]] == ["PASS"] * 7
+    assert summary["environment"]["hosts"] == 2
+    assert summary["environment"]["replicas"] == 4
+    serve = summary["stages"][-1]["details"]
+    assert serve["distinct_predictions"] == serve["examples"] == 64
+    assert summary["numbers"]["max_difference"] <= 1e-5
