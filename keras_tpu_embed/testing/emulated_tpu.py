@@ -153,7 +153,17 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
         num_hosts: int,
         embedding_feature: str,
     ) -> None:
-        super().__init__(container, devices=devices)
+        # The TPU's all-reduce is `cross_replica_sum` inside the compiled
+        # step. The mirrored default, collective ops, feeds each op's
+        # instance key at call time (`capture_call_time_value`), which TF
+        # says control flow does not support: Keras' `steps_per_execution`
+        # loop calls the step inside `tf.while_loop`/`tf.cond` and leaves
+        # those keys unfed. One-device reduction sums with plain ops.
+        super().__init__(
+            container,
+            devices=devices,
+            cross_device_ops=tf.distribute.ReductionToOneDevice(),
+        )
         self._emulated_num_hosts = num_hosts
         self._hardware_feature = _HardwareFeature(embedding_feature)
         # The TPU step has static shapes (TPUExtended says the same).
