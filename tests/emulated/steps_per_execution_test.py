@@ -31,7 +31,7 @@ def _train(strategy, optimizer, steps_per_execution):
 
 
 @pytest.mark.parametrize("steps_per_execution", [2, 3])
-@pytest.mark.parametrize("feature", ["UNSUPPORTED"])
+@pytest.mark.parametrize("feature", ["V1", "UNSUPPORTED"])
 def test_fit_with_steps_per_execution_equals_one_device(
     feature, steps_per_execution
 ):
@@ -60,3 +60,18 @@ def test_fit_with_steps_per_execution_equals_one_device(
         atol=1e-5,
         rtol=0,
     )
+
+
+def test_unknown_batch_names_steps_per_execution():
+    """A distributed dataset not made by kte.distribute_dataset gives the
+    engine no batch to restore: the error says what to do."""
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        model = models.build_emulated(strategy, "sgd")
+        with strategy.scope():
+            model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+        batches = strategy.experimental_distribute_dataset(
+            models.dataset().batch(models.GLOBAL_BATCH, drop_remainder=True),
+            tf.distribute.InputOptions(experimental_fetch_to_device=False),
+        )
+        with pytest.raises(ValueError, match="steps_per_execution=1"):
+            model.fit(batches, epochs=1, verbose=0)
