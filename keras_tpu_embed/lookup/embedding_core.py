@@ -107,7 +107,12 @@ def note_dataset_batch(strategy: Any, per_replica_batch: int) -> None:
     The engine falls back to it when a step's inputs arrive with an unknown
     batch (`steps_per_execution > 1`, `engine_checks.set_static_batch`).
     """
-    _DATASET_BATCHES.setdefault(strategy, set()).add(per_replica_batch)
+    try:
+        _DATASET_BATCHES.setdefault(strategy, set()).add(per_replica_batch)
+    except TypeError:
+        # Not weakly referenceable (a stand-in strategy): nothing recorded,
+        # so an unknown batch stays the error that names the fix.
+        pass
 
 
 def _dataset_batch() -> int | None:

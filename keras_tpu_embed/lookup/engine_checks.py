@@ -109,6 +109,12 @@ def set_static_batch(values: dict[str, Any], batch: int | None) -> list[Any]:
     `InvalidArgumentError` otherwise, never a silent reshape), for the
     caller to make its outputs depend on. `None` values (no weights) and
     known batches are left as they are.
+
+    The checks run where the step runs on CPU (the emulation, tests). XLA
+    drops `Assert` ops (`tf2xla/kernels/assert_op.cc`), so on a TPU they
+    are not evaluated: there a batch of another size than the static one
+    meets the TPU program compiled for that shape, which has not been run
+    on a TPU with this package.
     """
     checks: list[Any] = []
     if batch is None:

@@ -7,7 +7,9 @@ Keras runs several steps per call in a `tf.while_loop` over
 unknown batch dimension. With 2 and 3 steps per execution (3 does not
 divide the 4 steps of an epoch, so the last execution of each epoch is
 short), training equals one device on the same global batches within
-1e-5: tables, optimizer slots, `embedding_step` and the dense head.
+1e-5: tables, optimizer slots, `embedding_step` and the dense head; so do
+`evaluate` and `predict` (whose multi-step function calls `strategy.run`
+once per step in one graph).
 """
 
 import numpy as np
@@ -51,7 +53,12 @@ def test_fit_with_steps_per_execution_equals_one_device(
             expected.get_layer("head").get_weights(),
         ):
             np.testing.assert_allclose(actual_head, wanted, atol=1e-5, rtol=0)
+        loss = model.evaluate(models.batches(strategy), verbose=0)
         predictions = model.predict(models.batches(strategy), verbose=0)
+    expected_loss = expected.evaluate(
+        models.batches(tf.distribute.get_strategy()), verbose=0
+    )
+    np.testing.assert_allclose(loss, expected_loss, atol=1e-5, rtol=0)
     np.testing.assert_allclose(
         predictions,
         expected.predict(
