@@ -205,6 +205,9 @@ def distribute_dataset(
 
     clean_ids = _engine_id_filter(strategy, preprocessor)
     batch_size = global_batch_size
+    registry.note_dataset_batch(
+        strategy, global_batch_size // strategy.num_replicas_in_sync
+    )
 
     def host_pipeline(context: Any) -> Any:
         dataset = make_host_dataset(context)

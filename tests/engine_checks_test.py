@@ -73,3 +73,48 @@ def test_activation_shapes_must_match_the_layer():
         engine_checks.check_activation_shapes(
             dict(good, x=tf.zeros([2, 1, 4])), configs
         )
+
+
+def test_static_batch_is_set_in_place_and_checked_when_run():
+    """Under steps_per_execution > 1 the step's inputs lose their batch
+    dimension; it is set back on the same tensors (TF's enqueue takes only
+    direct inputs) and checked when the step runs."""
+    seen = {}
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, 1], tf.int64),
+            tf.SparseTensorSpec([None, None], tf.int64),
+            tf.RaggedTensorSpec([None, None], tf.int64),
+        ]
+    )
+    def step(dense, sparse, ragged):
+        values = {"dense": dense, "sparse": sparse, "ragged": ragged}
+        checks = engine_checks.set_static_batch(values, 2)
+        seen.update(
+            {name: value.shape.as_list() for name, value in values.items()}
+        )
+        seen["same"] = values["dense"] is dense
+        with tf.control_dependencies(checks):
+            return tf.identity(dense)
+
+    ids = tf.constant([[1], [2]], tf.int64)
+    sparse = tf.sparse.from_dense(ids)
+    ragged = tf.RaggedTensor.from_tensor(ids)
+    step(ids, sparse, ragged)
+    assert seen == {
+        "dense": [2, 1],
+        "sparse": [2, None],
+        "ragged": [2, None],
+        "same": True,
+    }
+    assert engine_checks.set_static_batch({"dense": ids}, None) == []
+    for wrong in (
+        (tf.constant([[1]], tf.int64), sparse, ragged),
+        (ids, tf.sparse.from_dense(ids[:1]), ragged),
+        (ids, sparse, tf.RaggedTensor.from_tensor(ids[:1])),
+    ):
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match="per-replica batch differs"
+        ):
+            step(*wrong)

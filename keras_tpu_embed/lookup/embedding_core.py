@@ -42,6 +42,7 @@ from keras_tpu_embed._compat import TFSaveSpec
 from keras_tpu_embed._compat import Trackable
 from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_tpu_util
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import engine_checks
@@ -94,6 +95,32 @@ _ENGINES: weakref.WeakKeyDictionary[Any, SharedEngine] = (
 )
 
 
+# strategy -> the per-replica batches `kte.distribute_dataset` cut for it.
+_DATASET_BATCHES: weakref.WeakKeyDictionary[Any, set[int]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def note_dataset_batch(strategy: Any, per_replica_batch: int) -> None:
+    """Records a static per-replica batch a dataset of `strategy` has.
+
+    The engine falls back to it when a step's inputs arrive with an unknown
+    batch (`steps_per_execution > 1`, `engine_checks.set_static_batch`).
+    """
+    try:
+        _DATASET_BATCHES.setdefault(strategy, set()).add(per_replica_batch)
+    except TypeError:
+        # Not weakly referenceable (a stand-in strategy): nothing recorded,
+        # so an unknown batch stays the error that names the fix.
+        pass
+
+
+def _dataset_batch() -> int | None:
+    """The one per-replica batch the current strategy's datasets have."""
+    batches = _DATASET_BATCHES.get(tf.distribute.get_strategy(), set())
+    return next(iter(batches)) if len(batches) == 1 else None
+
+
 def registered_engine(strategy: Any) -> SharedEngine | None:
     """The `SharedEngine` of `strategy`, if a layer registered with it."""
     return _ENGINES.get(strategy)
@@ -125,10 +152,13 @@ class SharedEngine:
         self._pipeline: bool | None = None
         self._mid_level: Any = None
         self._optimizer: Any = None
-        # graph -> replica id -> that replica's step in the graph.
-        self._steps: weakref.WeakKeyDictionary[Any, dict[int, _Step]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # graph -> (replicated computation, replica id) -> that replica's
+        # step in it. One graph may run several steps: Keras' predict with
+        # `steps_per_execution > 1` calls `strategy.run` once per step in
+        # one function, and each call is its own `tpu.replicate`.
+        self._steps: weakref.WeakKeyDictionary[
+            Any, dict[tuple[Any, int], _Step]
+        ] = weakref.WeakKeyDictionary()
         self._step_count = 0
         # The per-replica batch TF fixes at the first enqueue.
         self._batch_size: int | None = None
@@ -397,10 +427,11 @@ class SharedEngine:
             )
         graph = tf.compat.v1.get_default_graph()
         replicas = self._steps.setdefault(graph, {})
-        step = replicas.get(_replica_id())
+        key = (tf_tpu_util.enclosing_tpu_context(), _replica_id())
+        step = replicas.get(key)
         if step is None:
             step = self._start_step(member, features)
-            replicas[_replica_id()] = step
+            replicas[key] = step
         if member.name in step.served:
             raise RuntimeError(
                 f"Layer '{member.name}' is called twice in one step. The TPU "
@@ -441,6 +472,11 @@ class SharedEngine:
                 features[feature] = inputs[ids_key]
                 weights[feature] = inputs[weights_key] if weights_key else None
         engine_checks.check_enqueue_inputs(features, self._sequence_features)
+        batch = self._batch_size
+        if batch is None:
+            batch = _dataset_batch()
+        checks = engine_checks.set_static_batch(features, batch)
+        checks += engine_checks.set_static_batch(weights, batch)
         self._batch_size = engine_checks.check_batch_size(
             features, self._batch_size
         )
@@ -448,6 +484,9 @@ class SharedEngine:
         flat = self._dequeue_with_trap(
             name, features, weights if has_weights else None
         )
+        if checks:
+            with tf.control_dependencies(checks):
+                flat = [tf.identity(value) for value in flat]
         activations = tf.nest.pack_sequence_as(self._feature_configs, flat)
         engine_checks.check_activation_shapes(
             activations, self._feature_configs

@@ -109,6 +109,61 @@ def check_enqueue_inputs(
         )
 
 
+def set_static_batch(values: dict[str, Any], batch: int | None) -> list[Any]:
+    """Gives `values` with an unknown batch dimension the static `batch`.
+
+    Under `model.compile(steps_per_execution=N > 1)` Keras feeds the step
+    from `get_next_as_optional` inside a `tf.while_loop`
+    (`keras/src/backend/tensorflow/trainer.py`, `multi_step_on_iterator`).
+    For a finite dataset TF's distributed iterator then pairs each
+    replica's batch with an empty dummy in a `tf.cond`
+    (`tensorflow/python/distribute/input_lib.py`, `_get_value_or_dummy`),
+    which drops the static batch dimension that `drop_remainder=True` gave
+    the dataset, and TF's engine cannot be sized without it.
+
+    The shape is set in place (`set_shape`): TF's enqueue takes only the
+    step's direct inputs, so no op may come between. Returns the checks
+    that the batch is that size when the step runs (an
+    `InvalidArgumentError` otherwise, never a silent reshape), for the
+    caller to make its outputs depend on. `None` values (no weights) and
+    known batches are left as they are.
+
+    The checks run where the step runs on CPU (the emulation, tests). XLA
+    drops `Assert` ops (`tf2xla/kernels/assert_op.cc`), so on a TPU they
+    are not evaluated: there a batch of another size than the static one
+    meets the TPU program compiled for that shape, which has not been run
+    on a TPU with this package.
+    """
+    checks: list[Any] = []
+    if batch is None:
+        return checks
+    for value in values.values():
+        if value is None or value.shape.rank is None:
+            continue
+        if value.shape[0] is not None:
+            continue
+        if isinstance(value, tf.RaggedTensor):
+            rows = tf.shape(value.row_splits, out_type=tf.int64)[0] - 1
+            value.row_splits.set_shape([batch + 1])
+        elif isinstance(value, tf.SparseTensor):
+            rows = tf.cast(value.dense_shape[0], tf.int64)
+            value.set_shape([batch, *value.shape[1:]])
+        else:
+            rows = tf.shape(value, out_type=tf.int64)[0]
+            value.set_shape([batch, *value.shape[1:]])
+        checks.append(
+            tf.debugging.assert_equal(
+                rows,
+                tf.constant(batch, tf.int64),
+                message=(
+                    "The per-replica batch differs from the one the TPU "
+                    "embedding engine was given (kte.distribute_dataset's)"
+                ),
+            )
+        )
+    return checks
+
+
 def check_batch_size(
     features: dict[str, Tensor], first_batch_size: int | None
 ) -> int:
@@ -130,7 +185,13 @@ def check_batch_size(
             "an unknown batch size. The engine needs a static batch: "
             "feed the model with kte.distribute_dataset(strategy, "
             "dataset, global_batch_size=...), which batches with "
-            "drop_remainder=True."
+            "drop_remainder=True. Under model.compile("
+            "steps_per_execution > 1) Keras' multi-step loop loses the "
+            "batch dimension (TF's partial-batch handling) and the engine "
+            "takes it from kte.distribute_dataset: use it, with one "
+            "global_batch_size per strategy (or a first step with "
+            "steps_per_execution=1), or compile with "
+            "steps_per_execution=1."
         )
     batches = sorted(set(sizes.values()))
     if len(batches) > 1:

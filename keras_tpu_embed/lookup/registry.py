@@ -11,6 +11,7 @@ from __future__ import annotations
 from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.embedding_core import engine_for
+from keras_tpu_embed.lookup.embedding_core import note_dataset_batch
 from keras_tpu_embed.lookup.embedding_core import registered_engine
 from keras_tpu_embed.lookup.local_tables import LocalTables
 
@@ -19,5 +20,6 @@ __all__ = [
     "LocalTables",
     "SharedEngine",
     "engine_for",
+    "note_dataset_batch",
     "registered_engine",
 ]

@@ -47,6 +47,7 @@ from keras_tpu_embed._compat import (
     tf_resource_variable_ops as resource_variable_ops,
 )
 from keras_tpu_embed._compat import tf_tpu_ops as tpu_ops
+from keras_tpu_embed._compat import tf_tpu_util as tpu_util
 from keras_tpu_embed.testing import engine_rules
 from keras_tpu_embed.types import Tensor
 
@@ -85,7 +86,7 @@ class EmulatedChip:
     def __init__(self) -> None:
         self.config: Any = None
         self.tables: list[_Table] = []
-        self._enqueued: dict[tuple[int, int], _Enqueued] = {}
+        self._enqueued: dict[tuple[int, int, int], _Enqueued] = {}
         self._lock = threading.Lock()
         self.steps_applied = 0
 
@@ -209,11 +210,15 @@ class EmulatedChip:
     # --------------------------------------------------------------- step
 
     @staticmethod
-    def _replica_key() -> tuple[int, int]:
+    def _replica_key() -> tuple[int, int, int]:
+        """One replica's step: one replicated computation (a TPU program
+        run) of a graph. Keras' predict with `steps_per_execution > 1`
+        runs several in one graph, each with its own enqueue."""
         context = distribute_lib.get_replica_context()
         replica = getattr(context, "_replica_id_in_sync_group", 0)
         graph = tf.compat.v1.get_default_graph()
-        return id(graph), int(replica)
+        program = id(tpu_util.enclosing_tpu_context())
+        return id(graph), program, int(replica)
 
     def enqueue(
         self,

@@ -173,18 +173,26 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
         embedding_feature: str,
     ) -> None:
         hosts = _by_host(devices)
+        # The TPU's all-reduce is `cross_replica_sum` inside the compiled
+        # step. The mirrored default, collective ops, feeds each op's
+        # instance key at call time (`capture_call_time_value`), which TF
+        # says control flow does not support: Keras' `steps_per_execution`
+        # loop calls the step inside `tf.while_loop`/`tf.cond` and leaves
+        # those keys unfed. One-device reduction sums with plain ops (and
+        # works across a pod's tasks, whose collectives would need every
+        # task to join one group).
+        reduction = tf.distribute.ReductionToOneDevice()
         if len(hosts) == 1:
-            super().__init__(container, devices=devices)
+            super().__init__(
+                container, devices=devices, cross_device_ops=reduction
+            )
         else:
             # MirroredExtended refuses the devices of several tasks in eager
             # mode (its multi-worker input and collectives are for separate
             # clients): it starts on the first host's devices, then takes
-            # all of them. Its collectives would need every task to join
-            # one group; reducing on one device works across tasks.
+            # all of them.
             super().__init__(
-                container,
-                devices=hosts[0][1],
-                cross_device_ops=tf.distribute.ReductionToOneDevice(),
+                container, devices=hosts[0][1], cross_device_ops=reduction
             )
             self._initialize_strategy(devices)
             # One input worker per host, feeding that host's replicas, as

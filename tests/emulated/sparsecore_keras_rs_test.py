@@ -23,7 +23,10 @@ RATE = 0.5
 STEPS = 3
 
 
-def test_keras_rs_fit_trains_as_numpy_says():
+# 2 steps per execution (Keras' `tf.while_loop` over the iterator; 3 steps,
+# so the second execution is short) trains as one step per execution.
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+def test_keras_rs_fit_trains_as_numpy_says(steps_per_execution):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 64, (GLOBAL_BATCH * STEPS, 1)).astype(np.int32)
     labels = rng.normal(size=(GLOBAL_BATCH * STEPS, 1)).astype(np.float32)
@@ -54,7 +57,11 @@ def test_keras_rs_fit_trains_as_numpy_says():
                 embedding(inputs)["f"], axis=1, keepdims=True
             )
             model = keras.Model(inputs, outputs)
-            model.compile(loss="mse", optimizer=keras.optimizers.SGD(RATE))
+            model.compile(
+                loss="mse",
+                optimizer=keras.optimizers.SGD(RATE),
+                steps_per_execution=steps_per_execution,
+            )
             before = np.array(embedding.get_embedding_tables()["t"])
         assert embedding._tpu_embedding is not None  # on "SparseCore"
         model.fit(dataset, epochs=1, verbose=0)
