@@ -24,10 +24,12 @@ collect_ignore = ["tests/emulated", "tests/emulated_hosts"]
 # other test, and every doctest, is marked `fast`: `pytest -q -m fast -n 2`
 # is the change-test loop (under a minute).
 SLOW_FILES = (
+    "emulated_tpu_test.py",  # ~300, subprocesses: tests/emulated (V1)
+    #   and tests/emulated_hosts
+    "emulated_sparsecore_suite_test.py",  # ~200, a subprocess: V2
     "replicas_test.py",  # 258
     "benchmarks_test.py",  # 130, one module fixture
     "quantization_test.py",  # 97
-    "emulated_tpu_test.py",  # 90 + 50, subprocesses: tests/emulated(_hosts)
     "notebooks_test.py",  # 52 (+ 60 for notebook 04 under the emulation)
     "install_test.py",  # 40
     "save_paths_test.py",  # 38

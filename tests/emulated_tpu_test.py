@@ -19,7 +19,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _suite_passes(directory):
+def suite_passes(*arguments):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run(
         [
@@ -31,13 +31,13 @@ def _suite_passes(directory):
             "no:cacheprovider",
             "-p",
             "no:xdist",
-            directory,
+            *arguments,
         ],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
@@ -50,10 +50,13 @@ def _suite_passes(directory):
 
 @pytest.mark.slow
 def test_emulated_tpu_suite_passes():
-    _suite_passes("tests/emulated")
+    """The engine (V1) and no-engine TPU tests; SparseCore's run beside
+    them in `emulated_sparsecore_suite_test.py`, so that the two halves
+    can take the two test workers."""
+    suite_passes("tests/emulated", "--ignore-glob=*sparsecore_*")
 
 
 @pytest.mark.slow
 def test_emulated_pod_suite_passes():
     """2 hosts x 2 replicas: `tests/emulated_hosts`."""
-    _suite_passes("tests/emulated_hosts")
+    suite_passes("tests/emulated_hosts")
