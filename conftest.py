@@ -26,7 +26,7 @@ collect_ignore = ["tests/emulated", "tests/emulated_hosts"]
 SLOW_FILES = (
     "emulated_tpu_test.py",  # ~300, subprocesses: tests/emulated (V1)
     #   and tests/emulated_hosts
-    "emulated_sparsecore_suite_test.py",  # ~200, a subprocess: V2
+    "emulated_sparsecore_test.py",  # ~200, a subprocess: V2
     "replicas_test.py",  # 258
     "benchmarks_test.py",  # 130, one module fixture
     "quantization_test.py",  # 97

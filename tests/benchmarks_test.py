@@ -397,10 +397,19 @@ def test_row_layouts_report_every_layout_and_the_bound(quick_run):
     results, stdout, _ = quick_run
     layouts = results["row_layouts"]
     assert "error" not in layouts, layouts
-    names = {"float32", "int8_split", "int8_inline", "int8_inline_aligned"}
-    assert names | {"uint8_gather"} == set(layouts["speedup_vs_float32"])
-    assert layouts["speedup_vs_float32"]["float32"] == 1.0
-    assert layouts["bound"] == layouts["speedup_vs_float32"]["uint8_gather"]
+    layers = ["split", "split_words", "inline", "inline_words"]
+    layers += ["inline_aligned", "inline_aligned_words"]
+    names = {"float32", "uint8_gather"} | {f"int8_{n}" for n in layers}
+    names |= {f"{name}_xla" for name in names}
+    ratios = layouts["speedup_vs_float32"]
+    assert names == set(ratios)
+    assert layouts["best_int8"] == max(
+        (n for n in names if n.startswith("int8")), key=ratios.get
+    )
+    assert layouts["bound"] == max(
+        ratios["uint8_gather"], ratios["uint8_gather_xla"]
+    )
+    assert layouts["met"] == (ratios[layouts["best_int8"]] >= 1.3)
     assert all(_finite_positive(ms) for ms in layouts["ms"].values())
     assert layouts["table"] in stdout
 

@@ -10,6 +10,7 @@ import pytest
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
 from keras_tpu_embed.testing import emulated_sparsecore as sc
+from tests.emulated_tpu_test import suite_passes
 
 
 def _stacked_row(ids, num_shards, offset_in_shard, rotation):
@@ -212,3 +213,17 @@ def test_csr_fails_or_drops_past_the_static_buffer():
         **arguments,
     )
     assert int(buffers[5]) == 8  # one id dropped
+
+
+@pytest.mark.slow
+def test_emulated_sparsecore_suite_passes():
+    """The SparseCore tests of `tests/emulated` (2 logical CPU devices,
+    configured before TensorFlow starts) in a process of their own, apart
+    from the V1 half (`emulated_tpu_test.py`) so that the test workers can
+    share them."""
+    suite_passes(
+        "tests/emulated/sparsecore_chip_test.py",
+        "tests/emulated/sparsecore_training_test.py",
+        "tests/emulated/sparsecore_checkpoint_test.py",
+        "tests/emulated/sparsecore_keras_rs_test.py",
+    )

@@ -51,7 +51,7 @@ def suite_passes(*arguments):
 @pytest.mark.slow
 def test_emulated_tpu_suite_passes():
     """The engine (V1) and no-engine TPU tests; SparseCore's run beside
-    them in `emulated_sparsecore_suite_test.py`, so that the two halves
+    them in `emulated_sparsecore_test.py`, so that the two halves
     can take the two test workers."""
     suite_passes("tests/emulated", "--ignore-glob=*sparsecore_*")
 
