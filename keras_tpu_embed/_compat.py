@@ -58,6 +58,7 @@ from tensorflow.python.data.experimental.ops import (  # noqa: E402
 # For `keras_tpu_embed.testing` only: the TPU strategy it subclasses and the
 # chip ops it replaces have no public API.
 from tensorflow.python.distribute import distribute_lib as tf_distribute_lib  # noqa: E402
+from tensorflow.python.distribute import distribute_utils as tf_distribute_utils  # noqa: E402
 from tensorflow.python.distribute import (  # noqa: E402
     mirrored_strategy as tf_mirrored_strategy,
 )
@@ -77,6 +78,7 @@ from tensorflow.python.ops import (  # noqa: E402
     resource_variable_ops as tf_resource_variable_ops,
 )
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_feature_column_v2  # noqa: E402
+from tensorflow.python.tpu import tpu as tf_tpu  # noqa: E402
 from tensorflow.python.tpu import tpu_embedding_v3 as tf_tpu_embedding_v3  # noqa: E402
 from tensorflow.python.tpu import (  # noqa: E402
     tpu_embedding_v3_utils as tf_tpu_embedding_v3_utils,
@@ -139,10 +141,12 @@ __all__ = [
     "tf_data_distribute",
     "tf_eager_context",
     "tf_distribute_lib",
+    "tf_distribute_utils",
     "tf_feature_column_v2",
     "tf_mirrored_strategy",
     "tf_ops",
     "tf_resource_variable_ops",
+    "tf_tpu",
     "tf_tpu_ops",
     "tf_gen_xla_ops",
     "tf_tpu_replication",

@@ -581,6 +581,10 @@ class SharedEngine:
                 "system."
             ) from error
         except ValueError as error:
+            if "_tpu_input_identity" in str(error):
+                raise ValueError(
+                    engine_checks.non_direct_inputs_message(error, features)
+                ) from error
             if "must be placed on the CPU" not in str(error):
                 raise
             raise ValueError(

@@ -109,6 +109,50 @@ def check_enqueue_inputs(
         )
 
 
+def non_direct_inputs_message(
+    error: Exception, features: dict[str, Any]
+) -> str:
+    """TF's refusal of ids that are not direct inputs, with the fix.
+
+    TF's enqueue takes only inputs that `tpu.replicate` marked as the
+    step's own (`tpu_embedding_v2.py`,
+    `TPUEmbedding._raise_error_for_non_direct_inputs`), and under
+    TPUStrategy's dynamic padding, on by default and not switched off by
+    Keras, it marks no dense input once any dense input of the step has a
+    dimension of unknown size (`tensorflow/python/tpu/tpu.py`,
+    `split_compile_and_replicate` after `_pad_all_input`); the components
+    of sparse and ragged inputs, never padded, keep the mark.
+    """
+
+    def is_direct(value: Any) -> bool:
+        try:
+            return bool(value.op.get_attr("_tpu_input_identity"))
+        except ValueError:
+            return False
+
+    dense = sorted(
+        feature
+        for feature, value in features.items()
+        if isinstance(value, tf.Tensor) and not is_direct(value)
+    )
+    return (
+        f"{error}\nThe TPU embedding engine takes only the step's direct "
+        f"inputs, and the dense ids of {dense} are not. The usual cause "
+        "is TPUStrategy's dynamic padding, which Keras leaves on: as soon "
+        "as one dense input of the step (ids, features, labels) has a "
+        "dimension of unknown size, e.g. the unknown batch that "
+        "model.compile(steps_per_execution > 1) gives the step, or a "
+        "dense feature of variable width, every dense input is padded and "
+        "none is a direct input any more; sparse and ragged ids never "
+        "are. Feed these ids as sparse ids (keras.Input(..., sparse=True), "
+        "or kte.distribute_dataset(..., preprocessor=kte."
+        "FeaturePreprocessor(columns))), or give every dense input of the "
+        "step a static shape and compile with steps_per_execution=1. Ids "
+        "computed inside the model (a cast, a reshape) are not direct "
+        "inputs either: feed them as the model's inputs are declared."
+    )
+
+
 def set_static_batch(values: dict[str, Any], batch: int | None) -> list[Any]:
     """Gives `values` with an unknown batch dimension the static `batch`.
 

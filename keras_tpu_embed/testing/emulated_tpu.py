@@ -15,7 +15,9 @@ real system runs code off the TPU chip:
 - the replicas are `MirroredStrategy` replicas of `tf.distribute` (merge
   calls, mirrored variables and their aggregation), inside a replicate
   context that TF's enqueue recognizes as a TPU computation, with each
-  input of the step marked as a direct input as `tpu.replicate` marks it;
+  input of the step marked as a direct input as `tpu.replicate` marks it
+  (under TPUStrategy's dynamic padding, TF's own `_pad_all_input` decides
+  whether the step's dense inputs lose the mark);
 - Keras treats the strategy as a TPUStrategy (loss reduction, predict
   output order).
 
@@ -68,8 +70,10 @@ from tensorflow.core.framework import attr_value_pb2
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_control_flow_ops as control_flow_ops
 from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
+from keras_tpu_embed._compat import tf_distribute_utils as distribute_utils
 from keras_tpu_embed._compat import tf_mirrored_strategy as mirrored_strategy
 from keras_tpu_embed._compat import tf_ops as ops
+from keras_tpu_embed._compat import tf_tpu
 from keras_tpu_embed._compat import tf_tpu_replication as tpu_replication
 from keras_tpu_embed._compat import tf_tpu_strategy as tpu_strategy
 from keras_tpu_embed._compat import tf_tpu_util as tpu_util
@@ -147,13 +151,40 @@ class _ReplicateContext(tpu_replication.TPUReplicateContext):  # type: ignore[mi
         return vars_[context._replica_id_in_sync_group].handle
 
 
-def _mark_direct_input(value: Any) -> Any:
-    """What `tpu.replicate` does to each input: an identity, marked."""
+def _mark_direct_input(value: Any, marked: bool) -> Any:
+    """What `tpu.replicate` does to each input: an identity, marked as a
+    direct input of the step unless dynamic padding took the mark."""
     if not isinstance(value, tf.Tensor) or tf.executing_eagerly():
         return value
-    marked = tf.identity(value)
-    marked.op._set_attr("_tpu_input_identity", attr_value_pb2.AttrValue(b=True))
-    return marked
+    identity = tf.identity(value)
+    if marked:
+        identity.op._set_attr(
+            "_tpu_input_identity", attr_value_pb2.AttrValue(b=True)
+        )
+    return identity
+
+
+def _as_step_inputs(inputs: Any, padded: bool) -> Any:
+    """`inputs` as the replicated computation of `tpu.replicate` sees them.
+
+    `tpu.split_compile_and_replicate` marks an input's identity
+    `_tpu_input_identity` only `if not dynamic_shape_inputs or composite`:
+    once dynamic padding pads any input of the step, no dense input keeps
+    the mark; the components of sparse and ragged inputs, which it never
+    pads, always do. TF's enqueue takes only marked inputs.
+    """
+    flat = tf.nest.flatten(inputs, expand_composites=True)
+    composite = tf.nest.flatten(
+        tf.nest.map_structure(
+            lambda x: tf_tpu._flatten_and_filter_composite(x, False, True),
+            inputs,
+        )
+    )
+    marked = [
+        _mark_direct_input(value, not padded or from_composite)
+        for value, from_composite in zip(flat, composite, strict=True)
+    ]
+    return tf.nest.pack_sequence_as(inputs, marked, expand_composites=True)
 
 
 class _HardwareFeature:
@@ -256,11 +287,76 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
     def tpu_hardware_feature(self) -> _HardwareFeature:
         return self._hardware_feature
 
-    def tpu_run(self, fn: Any, args: Any, kwargs: Any, options: Any) -> Any:
-        def replica_fn(*args: Any, **kwargs: Any) -> Any:
-            args, kwargs = tf.nest.map_structure(
-                _mark_direct_input, (args, kwargs), expand_composites=True
+    def _pads_inputs(self, args: Any, kwargs: Any, options: Any) -> bool:
+        """Whether `tpu.replicate` pads this step's inputs (dynamic padding).
+
+        `TPUExtended._tpu_function_creator` gives `tpu.replicate` maximum
+        shapes of unknown dimensions whenever the run options enable a
+        dynamic batch size, TF's default, which Keras' `strategy.run` does
+        not change. `tpu.split_compile_and_replicate` then pads the step's
+        dense inputs, and TF's own `_pad_all_input` decides whether any
+        needs it: a dimension of unknown size, or sizes that differ between
+        replicas. Its pad ops are left unused here (on a TPU XLA's dynamic
+        padder gives the step the real sizes), so the replicas compute on
+        their inputs as they are.
+        """
+        if options is not None and not (
+            options.experimental_enable_dynamic_batch_size
+        ):
+            return False
+        # TPUExtended's replicate inputs: the replica id, then the arguments.
+        inputs = [
+            [
+                tf.constant(i, tf.int32),
+                distribute_utils.select_replica(i, args),
+                distribute_utils.select_replica(i, kwargs),
+            ]
+            for i in range(self._num_replicas_in_sync)
+        ]
+        maximum_shapes = [
+            tf.TensorShape(
+                [None]
+                * (
+                    value.shape.rank
+                    if tf.is_tensor(value)
+                    or isinstance(value, tf.__internal__.CompositeTensor)
+                    else np.ndim(value)
+                )
             )
+            for value in tf.nest.flatten(inputs[0])
+        ]
+        # `tpu.split_compile_and_replicate`'s flattening: composites are
+        # never padded (None), Nones are fed as a constant 0.
+        flat_maximum_shapes = tf.nest.flatten(
+            [
+                tf_tpu._flatten_and_filter_composite(value, shape)
+                for value, shape in zip(
+                    tf.nest.flatten(inputs[0]), maximum_shapes, strict=True
+                )
+            ]
+        )
+        flat_inputs = [
+            [
+                tf.constant(0) if value is None else tf.convert_to_tensor(value)
+                for value in tf.nest.flatten(replica, expand_composites=True)
+            ]
+            for replica in inputs
+        ]
+        _, padding_maps = tf_tpu._pad_all_input(
+            flat_inputs,
+            flat_maximum_shapes,
+            tf_tpu.PaddingSpec.POWER_OF_TWO
+            if options is not None
+            and options.experimental_bucketizing_dynamic_shape
+            else None,
+        )
+        return bool(padding_maps)
+
+    def tpu_run(self, fn: Any, args: Any, kwargs: Any, options: Any) -> Any:
+        padded = False
+
+        def replica_fn(*args: Any, **kwargs: Any) -> Any:
+            args, kwargs = _as_step_inputs((args, kwargs), padded)
             if tf.executing_eagerly():
                 return fn(*args, **kwargs)
             # A TPU program starts once all its inputs exist: when the input
@@ -280,6 +376,7 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
         graph = ops.get_default_graph()
         if tf.executing_eagerly():
             return self.call_for_each_replica(replica_fn, args, kwargs)
+        padded = self._pads_inputs(args, kwargs, options)
         outer = graph._get_control_flow_context()
         context = _ReplicateContext(
             graph.unique_name("emulated_tpu_cluster"),

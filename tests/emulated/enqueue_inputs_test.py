@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.testing import emulated_tpu
+from tests.emulated import models
 
 ROWS = 8
 
@@ -59,3 +60,21 @@ def test_sparse_and_ragged_ids_in_one_step_are_refused_with_the_fix():
     assert "sparse ['tags_embedding']" in message
     assert "ragged ['genres_embedding']" in message
     assert "sparse=True" in message
+
+
+def test_dense_ids_padded_by_dynamic_padding_are_refused_with_the_fix():
+    """Under `steps_per_execution > 1` the step's dense inputs have an
+    unknown batch (TF's partial-batch handling), so TPUStrategy's dynamic
+    padding pads them in `tpu.replicate`, which then marks none of them a
+    direct input: TF's enqueue refuses the dense ids. The error names the
+    feature and the fix."""
+    with emulated_tpu(2) as strategy:
+        model = models.build_emulated(strategy, "sgd")
+        with strategy.scope():
+            model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+        with pytest.raises(ValueError) as error:
+            model.fit(models.batches(strategy), verbose=0)
+    message = str(error.value)
+    assert "['item_embedding', 'user_embedding']" in message
+    assert "sparse=True" in message
+    assert "steps_per_execution=1" in message

@@ -2,8 +2,9 @@
 
 The same global batches go to both: `kte.distribute_dataset` splits each
 global batch of `GLOBAL_BATCH` rows between the replicas, and one device
-(no strategy) sees the whole batch. Ids are dense int64 (see
-`distributed_input_test.py` for sparse and ragged inputs).
+(no strategy) sees the whole batch. Ids are dense int64, or with
+`sparse=True` the same ids as `[batch, 1]` sparse tensors (see
+`distributed_input_test.py` for several ids per example).
 """
 
 import keras
@@ -28,7 +29,7 @@ OPTIMIZERS = {
 }
 
 
-def build(optimizer, item_on_tensor_core=False):
+def build(optimizer, item_on_tensor_core=False, sparse=False):
     """Two tables and a dense head; one id per example. With
     `item_on_tensor_core`, "item" is looked up on the tensor core: one layer
     with an engine table and a tensor-core table.
@@ -55,8 +56,8 @@ def build(optimizer, item_on_tensor_core=False):
         ),
     )
     inputs = {
-        "user": keras.Input((1,), dtype="int64", name="user"),
-        "item": keras.Input((1,), dtype="int64", name="item"),
+        key: keras.Input((1,), dtype="int64", name=key, sparse=sparse)
+        for key in ("user", "item")
     }
     embedded = kte.TPUEmbeddingLayer(
         [user, item],
@@ -72,32 +73,45 @@ def build(optimizer, item_on_tensor_core=False):
     return model
 
 
-def dataset(rows=ROWS, seed=0):
+def dataset(rows=ROWS, seed=0, sparse=False):
     rng = np.random.default_rng(seed)
     features = {
         "user": rng.integers(0, 20, (rows, 1)).astype(np.int64),
         "item": rng.integers(0, 15, (rows, 1)).astype(np.int64),
     }
+    if sparse:
+        # Every id kept, 0 too (tf.sparse.from_dense would drop it).
+        indices = np.stack([np.arange(rows), np.zeros(rows, int)], axis=1)
+        features = {
+            key: tf.SparseTensor(indices, ids[:, 0], [rows, 1])
+            for key, ids in features.items()
+        }
     labels = rng.normal(size=(rows, 1)).astype(np.float32)
     return tf.data.Dataset.from_tensor_slices((features, labels))
 
 
-def one_device(optimizer_name, epochs=2):
+def one_device(optimizer_name, epochs=2, sparse=False):
     """The reference: the model trained with no strategy."""
     keras.utils.set_random_seed(SEED)
-    model = build(OPTIMIZERS[optimizer_name]())
-    model.fit(batches(tf.distribute.get_strategy()), epochs=epochs, verbose=0)
+    model = build(OPTIMIZERS[optimizer_name](), sparse=sparse)
+    model.fit(
+        batches(tf.distribute.get_strategy(), sparse=sparse),
+        epochs=epochs,
+        verbose=0,
+    )
     return model
 
 
-def batches(strategy):
-    return kte.distribute_dataset(strategy, dataset(), GLOBAL_BATCH)
+def batches(strategy, sparse=False):
+    return kte.distribute_dataset(
+        strategy, dataset(sparse=sparse), GLOBAL_BATCH
+    )
 
 
-def build_emulated(strategy, optimizer_name):
+def build_emulated(strategy, optimizer_name, sparse=False):
     keras.utils.set_random_seed(SEED)
     with strategy.scope():
-        return build(OPTIMIZERS[optimizer_name]())
+        return build(OPTIMIZERS[optimizer_name](), sparse=sparse)
 
 
 def engine_values(model):
