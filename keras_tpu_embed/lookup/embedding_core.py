@@ -585,6 +585,11 @@ class SharedEngine:
                 raise ValueError(
                     engine_checks.non_direct_inputs_message(error, features)
                 ) from error
+            # TF checks the devices of the replicate's inputs: this fires in
+            # a custom loop calling strategy.run on next(iterator) in one
+            # tf.function over ids fetched to the TPU. Under model.fit the
+            # step is a tf.function of its own, whose arguments carry no
+            # device, so it cannot.
             if "must be placed on the CPU" not in str(error):
                 raise
             raise ValueError(

@@ -3,6 +3,8 @@
 TF's enqueue (`enqueue_tpu_embedding_arbitrary_tensor_batch`) takes its
 sparse ids as sample indices and its ragged ids as row splits, one kind
 per call; the layers enqueue every engine feature of a step in one call.
+It takes only direct inputs of the step, which TPUStrategy's dynamic
+padding takes from dense inputs, and only ids on the host.
 """
 
 import keras
@@ -11,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from keras_tpu_embed._compat import tf_tpu as tpu
 from keras_tpu_embed.testing import emulated_tpu
 from tests.emulated import models
 
@@ -78,3 +81,66 @@ def test_dense_ids_padded_by_dynamic_padding_are_refused_with_the_fix():
     assert "['item_embedding', 'user_embedding']" in message
     assert "sparse=True" in message
     assert "steps_per_execution=1" in message
+
+
+def _trace_replicated_step(strategy, model, nested):
+    """Traces (never runs) TPUStrategy's `tpu.replicate` of a step whose
+    ids sit on the TPU cores, where a dataset distributed with TF's default
+    `experimental_fetch_to_device=True` puts them: its
+    `MultiDeviceIterator.get_next` runs under each core's device.
+
+    The emulated cores are CPU devices, so the inputs are placed on the
+    TPU devices a real TPU has, and TF's own `tpu.replicate` builds the
+    graph: `TPUReplicatedInput`s of those inputs, which TF's enqueue checks
+    (`tpu_embedding_v2.py`, `_raise_error_for_inputs_not_on_cpu`). With
+    `nested`, the replicate runs in a tf.function of its own that receives
+    the inputs as arguments, as Keras' `one_step_on_data` does.
+    """
+
+    def replicate(user, item):
+        def computation(user, item):
+            model({"user": user, "item": item}, training=True)
+            return []
+
+        with strategy.scope():
+            tpu.replicate(computation, list(zip(user, item)))
+
+    if nested:
+        replicate = tf.function(replicate)
+
+    @tf.function
+    def step():
+        user, item = [], []
+        for core in range(strategy.num_replicas_in_sync):
+            with tf.device(
+                f"/job:localhost/replica:0/task:0/device:TPU:{core}"
+            ):
+                user.append(tf.zeros([4, 1], tf.int64))
+                item.append(tf.zeros([4, 1], tf.int64))
+        replicate(user, item)
+
+    step.get_concrete_function()
+
+
+def test_ids_fetched_to_the_tpu_in_a_custom_loop_are_refused_with_the_fix():
+    """A custom training loop calling `strategy.run(step,
+    args=(next(iterator),))` in one tf.function hands the replicate the
+    iterator's own outputs: TF refuses ids fetched to the TPU, and the
+    error says to use `kte.distribute_dataset`."""
+    with emulated_tpu(2) as strategy:
+        model = models.build_emulated(strategy, "sgd")
+        with pytest.raises(ValueError) as error:
+            _trace_replicated_step(strategy, model, nested=False)
+    message = str(error.value)
+    assert "must be placed on the CPU" in message
+    assert "kte.distribute_dataset(strategy, dataset" in message
+
+
+def test_keras_step_function_hides_the_device_of_its_inputs():
+    """Under `model.fit` the replicate is inside Keras' step function, a
+    tf.function of its own: its arguments are placeholders with no device,
+    so TF's check (and the rewrite of its error) cannot fire there, wherever
+    the ids were fetched to."""
+    with emulated_tpu(2) as strategy:
+        model = models.build_emulated(strategy, "sgd")
+        _trace_replicated_step(strategy, model, nested=True)
