@@ -2,7 +2,7 @@
 
 Every ratio divides two medians from one process: a candidate's speed-up is
 the anchor's median step time over its own, and its fraction of the bound is
-the bound's median over its own. Targets (issue 6) compare this package's
+the bound's median over its own. Targets compare this package's
 best candidate with the best peer of the same workload.
 """
 

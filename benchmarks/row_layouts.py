@@ -3,9 +3,9 @@
     python benchmarks/row_layouts.py [--rows 10000000] [--dim 64]
                                      [--batch 4096] [--rounds 7]
 
-Issue 28 asks int8 rows to serve at >= 1.3x their own float32 at batch
-4,096 on 10^7-row tables, and, if no layout gets there, for the bound that
-rules it out. This script times one batch of lookups (uniform ids: the
+The target: int8 rows serve at >= 1.3x their own float32 at batch 4,096
+on 10^7-row tables; if no layout gets there, the bound that rules it out
+is shown beside them. This script times one batch of lookups (uniform ids: the
 worst case for caches, and the case of the W3 big tables) for each layout:
 
 - `float32`: the float32 table (the denominator of every ratio);
@@ -49,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 
 INT8_TARGET = 1.3
-"""Issue 28: int8 rows serve at >= 1.3x their own float32."""
+"""int8 rows serve at >= 1.3x their own float32 (the target)."""
 _LINE_BYTES = 64
 """A CPU cache line (x86-64 and arm64 servers)."""
 

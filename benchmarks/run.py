@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         type=int,
         default=1,
         help="full runs; with more than one, the W1/W2 targets are judged "
-        "on the median ratio over runs (issue 28 holds W2 >= 1.5x as the "
-        "median of 3)",
+        "on the median ratio over runs (W2 >= 1.5x is held as the median "
+        "of 3)",
     )
     parser.add_argument(
         "--w4-row-cap",
