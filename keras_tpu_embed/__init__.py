@@ -1,10 +1,6 @@
 """Keras 3 layers for TPU embeddings with feature-column semantics."""
 
 from keras_tpu_embed import optimizers as optimizers
-from keras_tpu_embed import quantization as quantization
-from keras_tpu_embed.checkpoints import engine_checkpoint as engine_checkpoint
-from keras_tpu_embed.checkpoints import restore_tables as restore_tables
-from keras_tpu_embed.checkpoints import validate_tables as validate_tables
 from keras_tpu_embed.columns import bucketized_column as bucketized_column
 from keras_tpu_embed.columns import (
     categorical_column_with_hash_bucket as categorical_column_with_hash_bucket,
@@ -40,28 +36,42 @@ from keras_tpu_embed.columns import (
     weighted_categorical_column as weighted_categorical_column,
 )
 from keras_tpu_embed.config import EmbeddingConfig as EmbeddingConfig
-from keras_tpu_embed.distribute import distribute_dataset as distribute_dataset
+from keras_tpu_embed.export import quantization
+from keras_tpu_embed.export.checkpoints import (
+    engine_checkpoint as engine_checkpoint,
+)
+from keras_tpu_embed.export.checkpoints import restore_tables as restore_tables
+from keras_tpu_embed.export.checkpoints import (
+    validate_tables as validate_tables,
+)
+from keras_tpu_embed.export.loading import load_model as load_model
+from keras_tpu_embed.export.loading import load_saved_model as load_saved_model
+from keras_tpu_embed.export.loading import load_weights as load_weights
+from keras_tpu_embed.export.serving import (
+    export_saved_model as export_saved_model,
+)
+from keras_tpu_embed.export.serving import (
+    quantization_error as quantization_error,
+)
+from keras_tpu_embed.export.warm_start import warm_start as warm_start
 from keras_tpu_embed.layers import TPUEmbeddingLayer as TPUEmbeddingLayer
-from keras_tpu_embed.loading import load_model as load_model
-from keras_tpu_embed.loading import load_saved_model as load_saved_model
-from keras_tpu_embed.loading import load_weights as load_weights
-from keras_tpu_embed.preprocessing import (
+from keras_tpu_embed.preprocessing.feature_preprocessor import (
     FeaturePreprocessor as FeaturePreprocessor,
 )
-from keras_tpu_embed.preprocessing import (
+from keras_tpu_embed.preprocessing.feature_preprocessor import (
     make_parse_example_spec as make_parse_example_spec,
 )
-from keras_tpu_embed.profiling import profile_lookups as profile_lookups
-from keras_tpu_embed.serving import export_saved_model as export_saved_model
-from keras_tpu_embed.serving import quantization_error as quantization_error
 from keras_tpu_embed.shared_layer import (
     SharedTPUEmbedding as SharedTPUEmbedding,
 )
-from keras_tpu_embed.tpu_conversion import (
+from keras_tpu_embed.tpu.conversion import (
     to_tpu_feature_configs as to_tpu_feature_configs,
 )
+from keras_tpu_embed.tpu.distribute import (
+    distribute_dataset as distribute_dataset,
+)
+from keras_tpu_embed.tpu.profiling import profile_lookups as profile_lookups
 from keras_tpu_embed.version import __version__ as __version__
-from keras_tpu_embed.warm_start import warm_start as warm_start
 
 __all__ = [
     "EmbeddingConfig",

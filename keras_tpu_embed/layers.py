@@ -1,10 +1,10 @@
 """`TPUEmbeddingLayer`: the Keras 3 embedding layer, which only routes.
 
 The layer is the Keras API and routes: at build it decides where each table
-lives for training (`devices.py`) and takes its backends from
+lives for training (`lookup/devices.py`) and takes its backends from
 `lookup/registry.py` (its own `LocalTables`, and the TPU system's engine);
 at call it asks each backend for activations (`lookup/backend.py`) and
-assembles the output (`layer_io.py`). The math is in `lookup/` and
+assembles the output (`preprocessing/layer_io.py`). The math is in `lookup/` and
 `optimizers/`.
 """
 
@@ -17,8 +17,6 @@ from typing import Sequence
 
 import numpy as np
 
-from keras_tpu_embed import layer_variables
-from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import tf
@@ -27,26 +25,28 @@ from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns import vocabulary_files_from_archive
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.config import as_config
-from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
-from keras_tpu_embed.devices import LookupDevice
-from keras_tpu_embed.devices import parse_lookup_device
-from keras_tpu_embed.devices import table_device
-from keras_tpu_embed.devices import training_device
-from keras_tpu_embed.layer_io import LayerInputs
-from keras_tpu_embed.layer_io import LayerOutputs
-from keras_tpu_embed.layer_io import check_output_mode
+from keras_tpu_embed.export import layer_variables
+from keras_tpu_embed.export.quantization import QuantizedTable
+from keras_tpu_embed.export.quantization import check_table_dtype
+from keras_tpu_embed.export.quantization import quantized_copies
 from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
+from keras_tpu_embed.lookup.devices import SUPPORTED_SERVING_DEVICES
+from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.lookup.devices import parse_lookup_device
+from keras_tpu_embed.lookup.devices import table_device
+from keras_tpu_embed.lookup.devices import training_device
 from keras_tpu_embed.lookup.embedding_core import EngineTableCheckpoint
-from keras_tpu_embed.quantization import QuantizedTable
-from keras_tpu_embed.quantization import check_table_dtype
-from keras_tpu_embed.quantization import quantized_copies
+from keras_tpu_embed.lookup.tables import TableSpec
+from keras_tpu_embed.lookup.tables import group_into_tables
+from keras_tpu_embed.preprocessing.layer_io import LayerInputs
+from keras_tpu_embed.preprocessing.layer_io import LayerOutputs
+from keras_tpu_embed.preprocessing.layer_io import check_output_mode
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.serialization import with_load_hint
 from keras_tpu_embed.serialization import without_load_hint
-from keras_tpu_embed.tables import TableSpec
-from keras_tpu_embed.tables import group_into_tables
+from keras_tpu_embed.tpu import hardware as tpu_hardware
 from keras_tpu_embed.types import Tensor
 
 
@@ -459,7 +459,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return cls(**config)
 
     def save_own_variables(self, store: Any) -> None:
-        """Stores tables and slots by name (`layer_variables.py`).
+        """Stores tables and slots by name (`export/layer_variables.py`).
 
         Tables on the TPU embedding engine are read from the TPU and stored
         under the same names as a layer that holds them itself, so the file

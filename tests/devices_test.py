@@ -2,9 +2,9 @@
 
 import pytest
 
-from keras_tpu_embed.devices import LookupDevice
-from keras_tpu_embed.devices import parse_lookup_device
-from keras_tpu_embed.devices import resolve_lookup_device
+from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.lookup.devices import parse_lookup_device
+from keras_tpu_embed.lookup.devices import resolve_lookup_device
 
 CPU = LookupDevice.CPU
 CORE = LookupDevice.TPU_TENSOR_CORE

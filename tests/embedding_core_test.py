@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed import tpu_hardware
-from keras_tpu_embed.devices import LookupDevice
+from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.tpu import hardware as tpu_hardware
 from tests.engine_stand_in import RecordingTPUEmbedding
 from tests.engine_stand_in import StandInTPU
 

@@ -41,7 +41,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.util import nest
 
-from keras_tpu_embed import tpu_hardware
+from keras_tpu_embed.tpu import hardware as tpu_hardware
 
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 

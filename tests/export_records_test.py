@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from keras_tpu_embed import export_records
+from keras_tpu_embed.export import export_records
 
 
 def test_file_sha256_is_hashlibs(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed import initialization
+from keras_tpu_embed.lookup import initialization
 
 
 class _Holder(keras.layers.Layer):

@@ -8,10 +8,10 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.layer_io import SEQUENCE_LENGTH_SUFFIX
-from keras_tpu_embed.layer_io import LayerInputs
-from keras_tpu_embed.layer_io import LayerOutputs
-from keras_tpu_embed.layer_io import check_output_mode
+from keras_tpu_embed.preprocessing.layer_io import SEQUENCE_LENGTH_SUFFIX
+from keras_tpu_embed.preprocessing.layer_io import LayerInputs
+from keras_tpu_embed.preprocessing.layer_io import LayerOutputs
+from keras_tpu_embed.preprocessing.layer_io import check_output_mode
 
 
 def _columns():

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed import quantization
+from keras_tpu_embed.export import quantization
 from keras_tpu_embed.lookup import padded_host
 from tests import serving_cases
 

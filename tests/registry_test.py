@@ -6,12 +6,12 @@ import numpy as np
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.devices import LookupDevice
 from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
-from keras_tpu_embed.tpu_hardware import EmbeddingHardware
+from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.tpu.hardware import EmbeddingHardware
 
 
 def test_one_engine_per_strategy():

@@ -156,7 +156,7 @@ def test_a_layer_built_on_sparse_core_refuses_clipping_by_column(monkeypatch):
     # strategy that reports SparseCore: the refusal names the column.
     import keras
 
-    from keras_tpu_embed import tpu_hardware
+    from keras_tpu_embed.tpu import hardware as tpu_hardware
     from tests.engine_stand_in import StandInTPU
 
     tpu = StandInTPU(monkeypatch, tpu_hardware.EmbeddingHardware.V2)

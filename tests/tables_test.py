@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.columns import SharedEmbeddingColumn
-from keras_tpu_embed.tables import group_into_tables
+from keras_tpu_embed.lookup.tables import group_into_tables
 from tests import testing
 
 

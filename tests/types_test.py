@@ -6,8 +6,8 @@ import typing
 import pytest
 
 import keras_tpu_embed as kte
-from keras_tpu_embed import devices
 from keras_tpu_embed import types
+from keras_tpu_embed.lookup import devices
 from tests import testing
 
 

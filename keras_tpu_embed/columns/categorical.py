@@ -3,8 +3,8 @@
 Frozen dataclasses, validated at construction, that serialize with
 `keras.saving.serialize_keras_object`. They only describe ids: the factories
 in `categorical_columns.py` build them with `tf.feature_column`'s arguments,
-`preprocessing.py` turns raw values into ids, and `embedding.py` puts tables
-on top.
+`preprocessing/feature_preprocessor.py` turns raw values into ids, and
+`embedding.py` puts tables on top.
 """
 
 from __future__ import annotations

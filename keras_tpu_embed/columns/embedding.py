@@ -16,8 +16,8 @@ from typing import Any
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
-from keras_tpu_embed.devices import LookupDevice
-from keras_tpu_embed.devices import parse_lookup_device
+from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.lookup.devices import parse_lookup_device
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import SUPPORTED_COMBINERS
 from keras_tpu_embed.types import InitializerLike
@@ -73,7 +73,7 @@ class _EmbeddingSpec:
     # is clipped to this L2 norm before the combiner.
     max_norm: float | None = None
     # `tf.feature_column.embedding_column`'s warm start: the table's initial
-    # value is this tensor of this checkpoint (see `tables.py`).
+    # value is this tensor of this checkpoint (see `lookup/tables.py`).
     ckpt_to_load_from: str | None = None
     tensor_name_in_ckpt: str | None = None
 

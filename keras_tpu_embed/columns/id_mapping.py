@@ -23,9 +23,9 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
 from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
-from keras_tpu_embed.ids import check_rank
-from keras_tpu_embed.ids import ids_below
-from keras_tpu_embed.ids import map_to_default
+from keras_tpu_embed.preprocessing.ids import check_rank
+from keras_tpu_embed.preprocessing.ids import ids_below
+from keras_tpu_embed.preprocessing.ids import map_to_default
 from keras_tpu_embed.types import Tensor
 
 

@@ -33,7 +33,7 @@ from typing import Sequence
 
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.categorical_base import VocabularyFile
-from keras_tpu_embed.export_records import file_sha256
+from keras_tpu_embed.export.export_records import file_sha256
 
 MANIFEST = "vocabularies.json"
 

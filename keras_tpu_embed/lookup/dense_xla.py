@@ -17,16 +17,16 @@ from __future__ import annotations
 from typing import Any
 from typing import Callable
 
-from keras_tpu_embed import quantization
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.ids import PADDING_ID
-from keras_tpu_embed.ids import check_ids_dtype
-from keras_tpu_embed.ids import densify
-from keras_tpu_embed.ids import identity_default
-from keras_tpu_embed.ids import map_to_default
-from keras_tpu_embed.ids import prunes_weights
-from keras_tpu_embed.ids import width_of
-from keras_tpu_embed.tables import clip_rows
+from keras_tpu_embed.export import quantization
+from keras_tpu_embed.lookup.tables import clip_rows
+from keras_tpu_embed.preprocessing.ids import PADDING_ID
+from keras_tpu_embed.preprocessing.ids import check_ids_dtype
+from keras_tpu_embed.preprocessing.ids import densify
+from keras_tpu_embed.preprocessing.ids import identity_default
+from keras_tpu_embed.preprocessing.ids import map_to_default
+from keras_tpu_embed.preprocessing.ids import prunes_weights
+from keras_tpu_embed.preprocessing.ids import width_of
 from keras_tpu_embed.types import Tensor
 
 

@@ -17,14 +17,14 @@ one `SharedEngine`:
   (`gradient_trap.py`); the other layers take their activations from that
   step;
 - the trap's backward pass scales each layer's gradients by its gradient
-  multiplier (`update_rules.py`) and sends all of them with one
+  multiplier (`optimizers/embedding_step.py`) and sends all of them with one
   `apply_gradients` under the same name, then counts the step on every
   layer whose local tables do not count it already.
 
 On SparseCore TPUs (embedding_feature V2: v5p, v6e and later) the engine
 is a `sparsecore.SparseCoreEngine`, the same engine rules driving
 `TPUEmbeddingV2` (`lookup/sparsecore.py`). TPU hardware is consulted only
-through `tpu_hardware.py`, which the tests replace with a recording
+through `tpu/hardware.py`, which the tests replace with a recording
 stand-in. No machine this package is developed on has a TPU: this path
 runs on real hardware only through `examples/tpu_smoke.py`.
 """
@@ -36,8 +36,6 @@ import weakref
 from typing import Any
 from typing import Sequence
 
-from keras_tpu_embed import tpu_hardware
-from keras_tpu_embed import update_rules
 from keras_tpu_embed._compat import TFSaveSpec
 from keras_tpu_embed._compat import Trackable
 from keras_tpu_embed._compat import keras_in_symbolic_scope
@@ -49,8 +47,10 @@ from keras_tpu_embed.lookup import engine_checks
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
-from keras_tpu_embed.tpu_conversion import to_tpu_feature_configs
-from keras_tpu_embed.tpu_hardware import EmbeddingHardware
+from keras_tpu_embed.optimizers import embedding_step as update_rules
+from keras_tpu_embed.tpu import hardware as tpu_hardware
+from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
+from keras_tpu_embed.tpu.hardware import EmbeddingHardware
 from keras_tpu_embed.types import Tensor
 
 

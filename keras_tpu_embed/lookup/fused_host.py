@@ -34,17 +34,17 @@ from typing import Callable
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.ids import PADDING_ID
-from keras_tpu_embed.ids import check_ids_dtype
-from keras_tpu_embed.ids import fit_width
-from keras_tpu_embed.ids import identity_default
-from keras_tpu_embed.ids import map_to_default
-from keras_tpu_embed.ids import prunes_weights
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup.padded_host import PADDING_LIMIT
 from keras_tpu_embed.lookup.padded_host import bucket
-from keras_tpu_embed.tables import TableSpec
-from keras_tpu_embed.tables import clip_rows
+from keras_tpu_embed.lookup.tables import TableSpec
+from keras_tpu_embed.lookup.tables import clip_rows
+from keras_tpu_embed.preprocessing.ids import PADDING_ID
+from keras_tpu_embed.preprocessing.ids import check_ids_dtype
+from keras_tpu_embed.preprocessing.ids import fit_width
+from keras_tpu_embed.preprocessing.ids import identity_default
+from keras_tpu_embed.preprocessing.ids import map_to_default
+from keras_tpu_embed.preprocessing.ids import prunes_weights
 from keras_tpu_embed.types import Tensor
 
 _STATIC_FIT_WIDTH = 2

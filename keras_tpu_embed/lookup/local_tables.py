@@ -8,11 +8,11 @@ serving trace on the host pads and compiles where it can (`padded_host.py`;
 all columns in one program when every column's ids are dense,
 `fused_host.py`),
 reading quantized copies of the tables if the export asks (`serving_tables`,
-`quantization.py`). In a training call the gathered rows pass through the
-gradient trap (`gradient_trap.py`), whose backward pass applies the
-embedding optimizer's step to the touched rows (`update_rules.py` for the
-config's rules, `optimizers.row_update` for the optimizer's), then counts
-the step.
+`export/quantization.py`). In a training call the gathered rows pass
+through the gradient trap (`gradient_trap.py`), whose backward pass applies
+the embedding optimizer's step to the touched rows
+(`optimizers/embedding_step.py` for the config's rules,
+`optimizers.row_update` for the optimizer's), then counts the step.
 Under a replicated strategy the rows' gradients of every replica are
 combined first (`replicas.py`), so every copy takes the same update.
 """
@@ -22,26 +22,26 @@ from __future__ import annotations
 from typing import Any
 from typing import Sequence
 
-from keras_tpu_embed import initialization
-from keras_tpu_embed import update_rules
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.devices import LookupDevice
-from keras_tpu_embed.devices import training_device
+from keras_tpu_embed.export.quantization import QuantizedTable
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup import fused_host
+from keras_tpu_embed.lookup import initialization
 from keras_tpu_embed.lookup import padded_host
 from keras_tpu_embed.lookup import replicas
 from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
+from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.lookup.devices import training_device
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
+from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.optimizers import apply_update
+from keras_tpu_embed.optimizers import embedding_step as update_rules
 from keras_tpu_embed.optimizers.row_update import refuse_non_finite
-from keras_tpu_embed.quantization import QuantizedTable
-from keras_tpu_embed.tables import TableSpec
-from keras_tpu_embed.tpu_hardware import embedding_hardware
+from keras_tpu_embed.tpu.hardware import embedding_hardware
 from keras_tpu_embed.types import Tensor
 
 

@@ -26,20 +26,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from keras_tpu_embed import quantization
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.ids import PADDING_ID
-from keras_tpu_embed.ids import IdBatch
-from keras_tpu_embed.ids import check_ids_dtype
-from keras_tpu_embed.ids import fit_width
-from keras_tpu_embed.ids import identity_default
-from keras_tpu_embed.ids import ids_below
-from keras_tpu_embed.ids import map_to_default
-from keras_tpu_embed.ids import prepare_for_lookup
-from keras_tpu_embed.ids import prunes_weights
+from keras_tpu_embed.export import quantization
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup import sparse
-from keras_tpu_embed.tables import clip_rows
+from keras_tpu_embed.lookup.tables import clip_rows
+from keras_tpu_embed.preprocessing.ids import PADDING_ID
+from keras_tpu_embed.preprocessing.ids import IdBatch
+from keras_tpu_embed.preprocessing.ids import check_ids_dtype
+from keras_tpu_embed.preprocessing.ids import fit_width
+from keras_tpu_embed.preprocessing.ids import identity_default
+from keras_tpu_embed.preprocessing.ids import ids_below
+from keras_tpu_embed.preprocessing.ids import map_to_default
+from keras_tpu_embed.preprocessing.ids import prepare_for_lookup
+from keras_tpu_embed.preprocessing.ids import prunes_weights
 from keras_tpu_embed.types import Tensor
 
 PADDING_LIMIT = 4

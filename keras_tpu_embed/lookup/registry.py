@@ -1,6 +1,6 @@
 """The backends a layer can put its tables in, for `layers.py` to build.
 
-The layer decides per table where it lives for training (`devices.py`),
+The layer decides per table where it lives for training (`lookup/devices.py`),
 then asks here for the backends: `LocalTables` for the tables it holds
 itself, and the TPU system's `SharedEngine` for the embedding-core ones.
 It talks to them through the `TableBackend` protocol only.

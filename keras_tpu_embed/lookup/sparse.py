@@ -13,15 +13,15 @@ from __future__ import annotations
 from typing import Any
 from typing import Callable
 
-from keras_tpu_embed import quantization
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.ids import IdBatch
-from keras_tpu_embed.ids import identity_default
-from keras_tpu_embed.ids import prepare_for_lookup
-from keras_tpu_embed.ids import prunes_weights
-from keras_tpu_embed.ids import to_id_batch
+from keras_tpu_embed.export import quantization
+from keras_tpu_embed.lookup.tables import clip_rows
 from keras_tpu_embed.optimizers import compiled_rows
-from keras_tpu_embed.tables import clip_rows
+from keras_tpu_embed.preprocessing.ids import IdBatch
+from keras_tpu_embed.preprocessing.ids import identity_default
+from keras_tpu_embed.preprocessing.ids import prepare_for_lookup
+from keras_tpu_embed.preprocessing.ids import prunes_weights
+from keras_tpu_embed.preprocessing.ids import to_id_batch
 from keras_tpu_embed.types import Tensor
 
 

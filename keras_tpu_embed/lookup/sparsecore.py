@@ -30,7 +30,6 @@ from typing import Sequence
 
 import numpy as np
 
-from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
@@ -38,7 +37,8 @@ from keras_tpu_embed.lookup import sparsecore_layout
 from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
-from keras_tpu_embed.tpu_conversion import to_tpu_feature_configs
+from keras_tpu_embed.tpu import hardware as tpu_hardware
+from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
 
 # `TPUEmbeddingV2.apply_gradients` has one update op for each of these.

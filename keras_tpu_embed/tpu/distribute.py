@@ -44,15 +44,17 @@ from typing import Any
 from typing import Callable
 from typing import Sequence
 
-from keras_tpu_embed import tpu_hardware
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_data_distribute
 from keras_tpu_embed._compat import tf_eager_context
 from keras_tpu_embed.columns import to_embedding_column
-from keras_tpu_embed.ids import PADDING_ID
-from keras_tpu_embed.ids import densify
 from keras_tpu_embed.lookup import registry
-from keras_tpu_embed.preprocessing import tensor_core_widths
+from keras_tpu_embed.preprocessing.feature_preprocessor import (
+    tensor_core_widths,
+)
+from keras_tpu_embed.preprocessing.ids import PADDING_ID
+from keras_tpu_embed.preprocessing.ids import densify
+from keras_tpu_embed.tpu import hardware as tpu_hardware
 
 # A tf.data.Dataset, or a function of tf.distribute.InputContext to one.
 DatasetOrFn = Any

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 from typing import Protocol
 
-from keras_tpu_embed.tables import TableSpec
+from keras_tpu_embed.lookup.tables import TableSpec
 
 
 class EmbeddingLayerState(Protocol):

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from keras_tpu_embed.lookup import initialization
 
 
 def _columns(tmp_path):
@@ -120,7 +121,7 @@ def test_field_by_field(tmp_path):
     # The default initializer travels wrapped so that a pod's hosts each
     # get their rows of it (initialization_test.py tests the shards).
     initializer = configs["user_embedding"].table.initializer
-    assert isinstance(initializer, kte.initialization.EngineInitializer)
+    assert isinstance(initializer, initialization.EngineInitializer)
     assert isinstance(
         initializer.initializer, keras.initializers.TruncatedNormal
     )

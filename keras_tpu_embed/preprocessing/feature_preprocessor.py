@@ -22,10 +22,10 @@ from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.columns import to_categorical_column
 from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.columns import vocabulary_assets
-from keras_tpu_embed.devices import LookupDevice
-from keras_tpu_embed.ids import checked_weights
-from keras_tpu_embed.ids import densify
-from keras_tpu_embed.ids import width_of
+from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.preprocessing.ids import checked_weights
+from keras_tpu_embed.preprocessing.ids import densify
+from keras_tpu_embed.preprocessing.ids import width_of
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.serialization import with_load_hint
 from keras_tpu_embed.serialization import without_load_hint

@@ -23,9 +23,9 @@ import numpy as np
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.config import SUPPORTED_PARTITION_STRATEGIES
-from keras_tpu_embed.ids import to_id_batch
 from keras_tpu_embed.layers import TPUEmbeddingLayer
-from keras_tpu_embed.tables import group_into_tables
+from keras_tpu_embed.lookup.tables import group_into_tables
+from keras_tpu_embed.preprocessing.ids import to_id_batch
 
 PROFILE_SUFFIX = ".lookup_profile.json"
 

@@ -19,10 +19,10 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.initialization import EngineInitializer
+from keras_tpu_embed.lookup.initialization import EngineInitializer
+from keras_tpu_embed.lookup.tables import group_into_tables
 from keras_tpu_embed.optimizers.base import protobuf_safe
-from keras_tpu_embed.tables import group_into_tables
-from keras_tpu_embed.update_rules import engine_optimizer
+from keras_tpu_embed.optimizers.embedding_step import engine_optimizer
 
 
 def to_tpu_feature_configs(

@@ -23,18 +23,22 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import print_msg
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.devices import SUPPORTED_SERVING_DEVICES
-from keras_tpu_embed.devices import LookupDevice
-from keras_tpu_embed.devices import parse_lookup_device
-from keras_tpu_embed.export_records import record_table_dtype
-from keras_tpu_embed.export_records import write_digests
-from keras_tpu_embed.export_records import write_export_info
+from keras_tpu_embed.export.export_records import record_table_dtype
+from keras_tpu_embed.export.export_records import write_digests
+from keras_tpu_embed.export.export_records import write_export_info
+from keras_tpu_embed.export.quantization import check_table_dtype
+from keras_tpu_embed.export.quantization import dequantize_rows
+from keras_tpu_embed.export.quantization import quantize_rows
 from keras_tpu_embed.layers_in_model import embedding_layers
-from keras_tpu_embed.preprocessing import FeaturePreprocessor
-from keras_tpu_embed.preprocessing import make_parse_example_spec
-from keras_tpu_embed.quantization import check_table_dtype
-from keras_tpu_embed.quantization import dequantize_rows
-from keras_tpu_embed.quantization import quantize_rows
+from keras_tpu_embed.lookup.devices import SUPPORTED_SERVING_DEVICES
+from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.lookup.devices import parse_lookup_device
+from keras_tpu_embed.preprocessing.feature_preprocessor import (
+    FeaturePreprocessor,
+)
+from keras_tpu_embed.preprocessing.feature_preprocessor import (
+    make_parse_example_spec,
+)
 from keras_tpu_embed.types import Tensor
 
 
@@ -179,7 +183,7 @@ def serving_lookups(
     table_dtype: str = "float32",
 ) -> Iterator[None]:
     """Puts every embedding layer of `model` in serving mode while tracing,
-    its tables stored as `table_dtype` (`quantization.py`)."""
+    its tables stored as `table_dtype` (`export/quantization.py`)."""
     with contextlib.ExitStack() as stack:
         for layer in embedding_layers(model):
             stack.enter_context(

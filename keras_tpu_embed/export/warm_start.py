@@ -47,7 +47,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.columns import read_vocabulary_file
 from keras_tpu_embed.layers_in_model import embedding_layers
-from keras_tpu_embed.tables import TableSpec
+from keras_tpu_embed.lookup.tables import TableSpec
 
 _OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 SLOT_SUFFIXES: dict[str, tuple[str, ...]] = {
