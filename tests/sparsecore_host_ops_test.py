@@ -35,10 +35,8 @@ def test_coo_op_is_the_kernel_per_sparsecore_with_unknown_lengths():
 
     @tf.function
     def op():
-        rows, cols, gains = (
-            host_ops.convert_to_list_of_sparse_core_coo_tensors(
-                splits, ids, weights, **arguments
-            )
+        rows, cols, gains = host_ops.convert_to_list_of_sparse_core_coo_tensors(
+            splits, ids, weights, **arguments
         )
         assert all(t.shape.as_list() == [None] for t in rows + cols + gains)
         return rows, cols, gains
