@@ -106,7 +106,7 @@ def keras_random_seed(seed: int) -> Any:
     return keras_cast_seed(keras_draw_seed(seed))
 
 
-def nested_layers(layer: Any) -> list[Any]:
+def nested_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """Every layer inside `layer`, at any depth (Keras keeps this private)."""
     return list(layer._flatten_layers(include_self=False))
 

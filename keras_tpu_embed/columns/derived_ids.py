@@ -17,6 +17,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.categorical_base import IdMapping
 from keras_tpu_embed.columns.id_mapping import dense_rank_2
 from keras_tpu_embed.columns.id_mapping import to_sparse
+from keras_tpu_embed.types import LookupTable
 from keras_tpu_embed.types import Tensor
 
 
@@ -231,7 +232,7 @@ def crossed_ids(
 class BucketizedIds:
     """A bucketized column's ids, from its numeric feature."""
 
-    table: Any = None
+    table: LookupTable | None = None
 
     def __init__(self, column: BucketizedSpec) -> None:
         self.column = column
@@ -244,7 +245,7 @@ class BucketizedIds:
 class CrossedIds:
     """A crossed column's ids, from its keys' features."""
 
-    table: Any = None
+    table: LookupTable | None = None
 
     def __init__(self, column: CrossedSpec) -> None:
         self.column = column

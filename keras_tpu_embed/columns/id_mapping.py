@@ -26,6 +26,7 @@ from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
 from keras_tpu_embed.preprocessing.ids import check_rank
 from keras_tpu_embed.preprocessing.ids import ids_below
 from keras_tpu_embed.preprocessing.ids import map_to_default
+from keras_tpu_embed.types import LookupTable
 from keras_tpu_embed.types import Tensor
 
 
@@ -87,7 +88,7 @@ class ValueIds:
     checks its dtype and keeps its structure.
     """
 
-    table: Any = None
+    table: LookupTable | None = None
 
     def __init__(self, column: CategoricalColumn) -> None:
         self.column = column
@@ -163,7 +164,7 @@ def _lookup_table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
     return tf.lookup.StaticHashTable(initializer, default)
 
 
-def _looked_up(table: Any, values: Tensor) -> Tensor:
+def _looked_up(table: LookupTable, values: Tensor) -> Tensor:
     if values.dtype.is_integer and values.dtype != tf.int64:
         values = tf.cast(values, tf.int64)
     return table.lookup(values)

@@ -18,6 +18,7 @@ from keras_tpu_embed._compat import tf_tpu_feature_column_v2 as tpu_fc
 from keras_tpu_embed.columns import embedding as embedding_lib
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.tf_categorical import to_categorical_column
+from keras_tpu_embed.types import TFFeatureColumn
 
 
 def _initializer(initializer: Any) -> Any:
@@ -31,17 +32,17 @@ def _initializer(initializer: Any) -> Any:
     return initializer
 
 
-def _device_name(column: Any) -> str | None:
+def _device_name(column: TFFeatureColumn) -> str | None:
     device = getattr(column, "_embedding_lookup_device", None)
     return None if device is None else device.name.lower()
 
 
-def _tensor_core_shape(column: Any) -> Any:
+def _tensor_core_shape(column: TFFeatureColumn) -> Any:
     return getattr(column, "_tensor_core_shape", None)
 
 
 def _convert_embedding_column(
-    column: Any,
+    column: TFFeatureColumn,
 ) -> embedding_lib.AnyEmbeddingColumn:
     if isinstance(column, tpu_fc._TPUSharedEmbeddingColumnV2):
         creator = column.shared_embedding_column_creator
@@ -123,7 +124,9 @@ def _require_no_sequence(column: CategoricalColumn) -> int:
     return 0
 
 
-def to_embedding_column(column: Any) -> embedding_lib.AnyEmbeddingColumn:
+def to_embedding_column(
+    column: embedding_lib.EmbeddingColumnLike,
+) -> embedding_lib.AnyEmbeddingColumn:
     """Returns `column` as an embedding column of this package."""
     if isinstance(
         column,
@@ -134,7 +137,7 @@ def to_embedding_column(column: Any) -> embedding_lib.AnyEmbeddingColumn:
 
 
 def to_embedding_columns(
-    columns: Iterable[Any],
+    columns: Iterable[embedding_lib.EmbeddingColumnLike],
 ) -> list[embedding_lib.AnyEmbeddingColumn]:
     """Converts a list of embedding columns, refusing duplicate names."""
     if isinstance(columns, (str, bytes)) or not isinstance(columns, Iterable):

@@ -51,6 +51,10 @@ from keras_tpu_embed._compat import tf_tpu_util as tpu_util
 from keras_tpu_embed.testing import engine_rules
 from keras_tpu_embed.types import Tensor
 
+# The `config` argument of TF's chip ops: the serialized
+# `TPUEmbeddingConfiguration`, which this chip reads once, in `configure`.
+SerializedConfig = bytes | str | None
+
 
 @dataclasses.dataclass
 class _Table:
@@ -84,7 +88,7 @@ class EmulatedChip:
     """The embedding memory and ops of one emulated TPU system."""
 
     def __init__(self) -> None:
-        self.config: Any = None
+        self.config: config_pb2.TPUEmbeddingConfiguration | None = None
         self.tables: list[_Table] = []
         self._enqueued: dict[tuple[int, int, int], _Enqueued] = {}
         self._lock = threading.Lock()
@@ -167,7 +171,7 @@ class EmulatedChip:
             table_name: str,
             num_shards: int,
             shard_id: int,
-            config: Any = None,
+            config: SerializedConfig = None,
             table_id: int = -1,
             name: str | None = None,
             **values: Tensor,
@@ -192,7 +196,7 @@ class EmulatedChip:
             table_name: str,
             num_shards: int,
             shard_id: int,
-            config: Any = None,
+            config: SerializedConfig = None,
             table_id: int = -1,
             name: str | None = None,
         ) -> Any:
@@ -269,13 +273,21 @@ class EmulatedChip:
         return tf.no_op()
 
     def _features(self) -> list[tuple[int, _Table, list[int]]]:
+        if self.config is None:
+            raise RuntimeError(
+                "emulated chip: activations asked before "
+                "configure_tpu_embedding"
+            )
         return [
             (f.table_id, self.tables[f.table_id], list(f.input_shape))
             for f in self.config.feature_descriptor
         ]
 
     def recv_activations(
-        self, num_outputs: int, config: Any = None, name: str | None = None
+        self,
+        num_outputs: int,
+        config: SerializedConfig = None,
+        name: str | None = None,
     ) -> list[Tensor]:
         key = self._replica_key()
         batch = self._enqueued.get(key)
@@ -308,7 +320,7 @@ class EmulatedChip:
         self,
         inputs: list[Tensor],
         learning_rates: list[Tensor],
-        config: Any = None,
+        config: SerializedConfig = None,
         name: str | None = None,
     ) -> Any:
         """Row gradients of this replica, applied once for all replicas."""

@@ -27,6 +27,7 @@ from typing import Sequence
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_data_distribute
 from keras_tpu_embed._compat import tf_eager_context
+from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.tpu.host_ids import engine_id_filter
 from keras_tpu_embed.tpu.host_ids import tensor_core_padding
@@ -69,7 +70,7 @@ def distribute_dataset(
     dataset_or_fn: DatasetOrFn,
     global_batch_size: int | None = None,
     preprocessor: Callable[[Any], Any] | None = None,
-    columns: Sequence[Any] | None = None,
+    columns: Sequence[EmbeddingColumnLike] | None = None,
 ) -> Any:
     """Distributes examples so that embedding ids stay on the host.
 

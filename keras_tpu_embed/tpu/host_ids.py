@@ -20,6 +20,7 @@ from typing import Sequence
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_column
+from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     tensor_core_widths,
@@ -58,7 +59,7 @@ def engine_id_filter(
 def tensor_core_padding(
     strategy: Any,
     preprocessor: Any,
-    columns: Sequence[Any] | None,
+    columns: Sequence[EmbeddingColumnLike] | None,
     per_replica: int,
 ) -> Callable[[Any], Any] | None:
     """On a TPU without an engine: tensor-core ids dense and static."""
