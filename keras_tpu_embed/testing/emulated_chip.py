@@ -41,6 +41,7 @@ from tensorflow.core.protobuf.tpu import (
     tpu_embedding_configuration_pb2 as config_pb2,
 )
 
+from keras_tpu_embed._compat import replica_index
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
 from keras_tpu_embed._compat import (
@@ -219,7 +220,7 @@ class EmulatedChip:
         run) of a graph. Keras' predict with `steps_per_execution > 1`
         runs several in one graph, each with its own enqueue."""
         context = distribute_lib.get_replica_context()
-        replica = getattr(context, "_replica_id_in_sync_group", 0)
+        replica = replica_index(context)
         graph = tf.compat.v1.get_default_graph()
         program = id(tpu_util.enclosing_tpu_context())
         return id(graph), program, int(replica)

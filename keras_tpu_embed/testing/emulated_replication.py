@@ -15,8 +15,11 @@ from typing import Any
 from typing import Iterator
 
 import numpy as np
-from tensorflow.core.framework import attr_value_pb2
 
+from keras_tpu_embed._compat import control_flow_context
+from keras_tpu_embed._compat import mark_tpu_input_identity
+from keras_tpu_embed._compat import replica_index
+from keras_tpu_embed._compat import set_control_flow_context
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_control_flow_ops as control_flow_ops
 from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
@@ -24,6 +27,8 @@ from keras_tpu_embed._compat import tf_distribute_utils as distribute_utils
 from keras_tpu_embed._compat import tf_ops as ops
 from keras_tpu_embed._compat import tf_tpu
 from keras_tpu_embed._compat import tf_tpu_replication as tpu_replication
+from keras_tpu_embed._compat import tpu_flatten_and_filter_composite
+from keras_tpu_embed._compat import tpu_pad_all_input
 
 
 class ReplicateContext(tpu_replication.TPUReplicateContext):  # type: ignore[misc]
@@ -36,8 +41,9 @@ class ReplicateContext(tpu_replication.TPUReplicateContext):  # type: ignore[mis
     context's no-op bookkeeping.
     """
 
-    def __init__(self, name: str, num_replicas: int) -> None:
+    def __init__(self, name: str, num_replicas: int, outer: Any) -> None:
         control_flow_ops.XLAControlFlowContext.__init__(self)
+        self._outer_context = outer
         self._name = name
         self._num_replicas = num_replicas
         self._outside_compilation_counter = 0
@@ -90,7 +96,7 @@ class ReplicateContext(tpu_replication.TPUReplicateContext):  # type: ignore[mis
         through it.
         """
         context = distribute_lib.get_replica_context()
-        return vars_[context._replica_id_in_sync_group].handle
+        return vars_[replica_index(context)].handle
 
 
 def mark_direct_input(value: Any, marked: bool) -> Any:
@@ -100,9 +106,7 @@ def mark_direct_input(value: Any, marked: bool) -> Any:
         return value
     identity = tf.identity(value)
     if marked:
-        identity.op._set_attr(
-            "_tpu_input_identity", attr_value_pb2.AttrValue(b=True)
-        )
+        mark_tpu_input_identity(identity.op)
     return identity
 
 
@@ -118,7 +122,7 @@ def as_step_inputs(inputs: Any, padded: bool) -> Any:
     flat = tf.nest.flatten(inputs, expand_composites=True)
     composite = tf.nest.flatten(
         tf.nest.map_structure(
-            lambda x: tf_tpu._flatten_and_filter_composite(x, False, True),
+            lambda x: tpu_flatten_and_filter_composite(x, False, True),
             inputs,
         )
     )
@@ -134,16 +138,15 @@ def replicate_context(num_replicas: int) -> Iterator[None]:
     """The default graph inside a `ReplicateContext`, as `tpu.replicate`
     enters its own around the step."""
     graph = ops.get_default_graph()
-    outer = graph._get_control_flow_context()
+    outer = control_flow_context(graph)
     context = ReplicateContext(
-        graph.unique_name("emulated_tpu_cluster"), num_replicas
+        graph.unique_name("emulated_tpu_cluster"), num_replicas, outer
     )
-    context._outer_context = outer
-    graph._set_control_flow_context(context)
+    set_control_flow_context(graph, context)
     try:
         yield
     finally:
-        graph._set_control_flow_context(outer)
+        set_control_flow_context(graph, outer)
 
 
 def pads_inputs(
@@ -190,7 +193,7 @@ def pads_inputs(
     # never padded (None), Nones are fed as a constant 0.
     flat_maximum_shapes = tf.nest.flatten(
         [
-            tf_tpu._flatten_and_filter_composite(value, shape)
+            tpu_flatten_and_filter_composite(value, shape)
             for value, shape in zip(
                 tf.nest.flatten(inputs[0]), maximum_shapes, strict=True
             )
@@ -203,7 +206,7 @@ def pads_inputs(
         ]
         for replica in inputs
     ]
-    _, padding_maps = tf_tpu._pad_all_input(
+    _, padding_maps = tpu_pad_all_input(
         flat_inputs,
         flat_maximum_shapes,
         tf_tpu.PaddingSpec.POWER_OF_TWO

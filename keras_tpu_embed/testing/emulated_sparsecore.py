@@ -76,6 +76,7 @@ from __future__ import annotations
 from typing import Any
 from typing import Callable
 
+from keras_tpu_embed._compat import replica_index
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
 from keras_tpu_embed._compat import tf_gen_xla_ops as gen_xla_ops
@@ -94,7 +95,7 @@ def _replica() -> tuple[Any, int, int]:
         return None, 0, 1
     return (
         context,
-        int(getattr(context, "_replica_id_in_sync_group", 0)),
+        replica_index(context),
         context.num_replicas_in_sync,
     )
 

@@ -72,6 +72,8 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_mirrored_strategy as mirrored_strategy
 from keras_tpu_embed._compat import tf_tpu_strategy as tpu_strategy
 from keras_tpu_embed._compat import tf_tpu_util as tpu_util
+from keras_tpu_embed._compat import tpu_extended_broadcast_output
+from keras_tpu_embed._compat import tpu_extended_reduce_to
 from keras_tpu_embed.testing.emulated_chip import EmulatedChip
 from keras_tpu_embed.testing.emulated_devices import by_host
 from keras_tpu_embed.testing.emulated_devices import cpu_devices
@@ -160,7 +162,7 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
         return super()._create_variable(next_creator, **kwargs)
 
     # TF's own: `_reduce_to` below hands it its output.
-    _broadcast_output = tpu_strategy.TPUExtended._broadcast_output
+    _broadcast_output = tpu_extended_broadcast_output
 
     def _reduce_to(
         self, reduce_op: Any, value: Any, destinations: Any, options: Any
@@ -174,7 +176,7 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
         all-reduce computes the same sum.
         """
         if tpu_util.enclosing_tpu_context() is None:
-            return tpu_strategy.TPUExtended._reduce_to(
+            return tpu_extended_reduce_to(
                 self, reduce_op, value, destinations, options
             )
         return super()._reduce_to(reduce_op, value, destinations, options)

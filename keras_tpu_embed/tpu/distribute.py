@@ -24,6 +24,9 @@ from typing import Any
 from typing import Callable
 from typing import Sequence
 
+from keras_tpu_embed._compat import distributed_dataset_cardinality
+from keras_tpu_embed._compat import distributed_dataset_options
+from keras_tpu_embed._compat import set_distributed_dataset_cardinality
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_data_distribute
 from keras_tpu_embed._compat import tf_eager_context
@@ -59,7 +62,7 @@ def _check_global_batch_size(strategy: Any, global_batch_size: Any) -> None:
 
 
 def _fetches_to_device(distributed: Any) -> bool:
-    options = getattr(distributed, "_options", None)
+    options = distributed_dataset_options(distributed)
     if options is None:
         return True  # TF's default
     return bool(options.experimental_fetch_to_device)
@@ -237,11 +240,12 @@ def _count_steps(distributed: Any, replicas_per_host: list[int]) -> None:
     """
     if not isinstance(distributed, tf.distribute.DistributedDataset):
         return  # The default strategy's plain dataset counts its batches.
-    batches = getattr(distributed, "_cardinality", None)
+    batches = distributed_dataset_cardinality(distributed)
     if batches is None or batches < 0 or not replicas_per_host:
         return  # Infinite or unknown: Keras needs steps_per_epoch then.
     # A last step that only some replicas fill still runs (TF pads it).
-    distributed._cardinality = -(-int(batches) // replicas_per_host[0])
+    steps = -(-batches // replicas_per_host[0])
+    set_distributed_dataset_cardinality(distributed, steps)
 
 
 def _remote_host() -> str | None:
