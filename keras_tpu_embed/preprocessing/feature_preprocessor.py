@@ -25,6 +25,7 @@ from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns.embedding import ColumnLike
 from keras_tpu_embed.columns.embedding import ColumnSpec
 from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.preprocessing.ids import as_rank_2
 from keras_tpu_embed.preprocessing.ids import checked_weights
 from keras_tpu_embed.preprocessing.ids import densify
 from keras_tpu_embed.preprocessing.ids import width_of
@@ -191,6 +192,7 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
                 outputs[weight_key] = _weights_like(
                     weight_key,
                     _fetch(features, weight_key, expected),
+                    key,
                     raws[key],
                     outputs[key],
                 )
@@ -308,12 +310,15 @@ def _fetch(features: dict[str, Tensor], key: str, expected: list[str]) -> Any:
 
 
 def _weights_like(
-    weight_key: str, weights: Tensor, raw_ids: Tensor, ids: tf.SparseTensor
+    weight_key: str,
+    weights: Tensor,
+    key: str,
+    raw_ids: Tensor,
+    ids: tf.SparseTensor,
 ) -> tf.SparseTensor:
     """Weights as a SparseTensor with exactly the ids' indices."""
     if isinstance(weights, tf.SparseTensor):
-        if weights.shape.rank == 1:
-            weights = tf.sparse.reshape(weights, [-1, 1])
+        weights = as_rank_2(weight_key, weights)
         check = tf.debugging.assert_equal(
             weights.indices,
             ids.indices,
@@ -340,12 +345,8 @@ def _weights_like(
         with tf.control_dependencies([check]):
             values = tf.identity(weights.flat_values)
     else:
-        weights = tf.convert_to_tensor(weights)
-        if weights.shape.rank == 1:
-            weights = weights[:, tf.newaxis]
-        raw = tf.convert_to_tensor(raw_ids)
-        if raw.shape.rank == 1:
-            raw = raw[:, tf.newaxis]
+        weights = as_rank_2(weight_key, tf.convert_to_tensor(weights))
+        raw = as_rank_2(key, tf.convert_to_tensor(raw_ids))
         check = tf.debugging.assert_equal(
             tf.shape(weights),
             tf.shape(raw),
