@@ -96,6 +96,8 @@ from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
 )
 from tensorflow.python.util import nest as tf_nest  # noqa: E402
 
+from keras_tpu_embed.types import TFFeatureColumn  # noqa: E402
+
 # A checkpoint dependency that saves and restores tensors of its own
 # (`_serialize_to_tensors` / `_restore_from_tensors`): only TF's internal
 # namespace exports the base class.
@@ -150,7 +152,7 @@ class TPUColumnArguments:
     shared_embedding_collection_name: str  # empty: not a shared column
 
 
-def tpu_column_arguments(column: Any) -> TPUColumnArguments:
+def tpu_column_arguments(column: TFFeatureColumn) -> TPUColumnArguments:
     """The private arguments of a `_TPUEmbeddingColumnV2` or
     `_TPUSharedEmbeddingColumnV2`.
 
