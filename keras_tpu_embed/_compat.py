@@ -5,6 +5,7 @@ public API only; the private feature-column classes that column conversion
 needs are imported here so that a TensorFlow upgrade breaks one module.
 """
 
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -46,6 +47,7 @@ from keras.src.backend.common.symbolic_scope import (  # noqa: E402
 from keras.src.backend.tensorflow.random import _cast_seed as keras_cast_seed  # noqa: E402
 from keras.src.random.seed_generator import draw_seed as keras_draw_seed  # noqa: E402
 from keras.src.utils.io_utils import print_msg  # noqa: E402
+from tensorflow.core.framework import attr_value_pb2 as tf_attr_value_pb2  # noqa: E402
 
 # `distribute_dataset` on a pod: a dataset made by the client is copied to
 # each host as its graph (what `experimental_distribute_dataset` does); the
@@ -94,6 +96,8 @@ from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
 )
 from tensorflow.python.util import nest as tf_nest  # noqa: E402
 
+from keras_tpu_embed.types import TFFeatureColumn  # noqa: E402
+
 # A checkpoint dependency that saves and restores tensors of its own
 # (`_serialize_to_tensors` / `_restore_from_tensors`): only TF's internal
 # namespace exports the base class.
@@ -106,7 +110,7 @@ def keras_random_seed(seed: int) -> Any:
     return keras_cast_seed(keras_draw_seed(seed))
 
 
-def nested_layers(layer: Any) -> list[Any]:
+def nested_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     """Every layer inside `layer`, at any depth (Keras keeps this private)."""
     return list(layer._flatten_layers(include_self=False))
 
@@ -131,7 +135,210 @@ def caller_stacklevel() -> int:
     return level
 
 
+# ------------------------------------------------- TF private fields, read
+# Each function below reads (or sets) one private field of TF that has no
+# public accessor; its docstring names the TF source that defines it.
+
+
+@dataclasses.dataclass(frozen=True)
+class TPUColumnArguments:
+    """What a TF TPU embedding column keeps of its constructor privately."""
+
+    max_sequence_length: int
+    learning_rate_fn: Any
+    embedding_lookup_device: Any
+    tensor_core_shape: Any
+    initializer: Any
+    shared_embedding_collection_name: str  # empty: not a shared column
+
+
+def tpu_column_arguments(column: TFFeatureColumn) -> TPUColumnArguments:
+    """The private arguments of a `_TPUEmbeddingColumnV2` or
+    `_TPUSharedEmbeddingColumnV2`.
+
+    `tensorflow/python/tpu/feature_column_v2.py` stores
+    `max_sequence_length`, `learning_rate_fn`, `embedding_lookup_device`
+    and `tensor_core_shape` (and, for shared columns, `initializer` and
+    `shared_embedding_collection_name`) only as `_`-attributes set in
+    `__new__` / `__init__`, with no property: converting such a column to
+    ours must read them there. The device and shape are absent on columns
+    built before TF had them (None then); a column that is not shared has
+    no initializer here (its public `initializer` holds it) and an empty
+    collection name.
+    """
+    return TPUColumnArguments(
+        max_sequence_length=column._max_sequence_length,
+        learning_rate_fn=column._learning_rate_fn,
+        embedding_lookup_device=getattr(
+            column, "_embedding_lookup_device", None
+        ),
+        tensor_core_shape=getattr(column, "_tensor_core_shape", None),
+        initializer=getattr(column, "_initializer", None),
+        shared_embedding_collection_name=getattr(
+            column, "_shared_embedding_collection_name", ""
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedColumnCreatorArguments:
+    """What `tf.feature_column.shared_embeddings` keeps of its arguments."""
+
+    dimension: int
+    initializer: Any
+    name: str
+    trainable: bool
+    ckpt_to_load_from: str | None
+    tensor_name_in_ckpt: str | None
+
+
+def shared_column_creator_arguments(
+    creator: Any,
+) -> SharedColumnCreatorArguments:
+    """The arguments of a `SharedEmbeddingColumnCreator`.
+
+    `tensorflow/python/feature_column/feature_column_v2.py`'s
+    `SharedEmbeddingColumnCreator.__init__` stores them as `_dimension`,
+    `_initializer`, `_name`, `_trainable`, `_ckpt_to_load_from` and
+    `_tensor_name_in_ckpt`; its only property is `embedding_weights`, so the
+    shared table's size and initializer can be read nowhere else.
+    """
+    return SharedColumnCreatorArguments(
+        dimension=creator._dimension,
+        initializer=creator._initializer,
+        name=creator._name,
+        trainable=bool(creator._trainable),
+        ckpt_to_load_from=creator._ckpt_to_load_from,
+        tensor_name_in_ckpt=creator._tensor_name_in_ckpt,
+    )
+
+
+# The classes of `tf.compat.v1.tpu.experimental.embedding_column` and
+# `shared_embedding_columns`: TF exports the factories, not the classes
+# (`tensorflow/python/tpu/feature_column_v2.py`).
+TFTPUEmbeddingColumn: Any = tf_tpu_feature_column_v2._TPUEmbeddingColumnV2
+TFTPUSharedEmbeddingColumn: Any = (
+    tf_tpu_feature_column_v2._TPUSharedEmbeddingColumnV2
+)
+
+
+def distributed_dataset_options(distributed: Any) -> Any:
+    """The `tf.distribute.InputOptions` a distributed dataset was made
+    with, or None.
+
+    `DistributedDataset` and `DistributedDatasetsFromFunction`
+    (`tensorflow/python/distribute/input_lib.py`) keep them as `_options`
+    with no property; whether they fetch to the device decides whether the
+    embedding engine can read their ids on the host.
+    """
+    return getattr(distributed, "_options", None)
+
+
+def distributed_dataset_cardinality(distributed: Any) -> int | None:
+    """The number of elements a distributed dataset reports, or None.
+
+    Its public `cardinality` property (`input_lib.py`) raises before the
+    dataset is built; the `_cardinality` it returns is read directly so
+    that an unbuilt dataset answers None.
+    """
+    batches = getattr(distributed, "_cardinality", None)
+    return None if batches is None else int(batches)
+
+
+def set_distributed_dataset_cardinality(distributed: Any, steps: int) -> None:
+    """Makes a distributed dataset report `steps` as its `cardinality`.
+
+    `input_lib.py` computes `_cardinality` from the first host's dataset and
+    offers no setter; Keras reads it for the steps of an epoch.
+    """
+    distributed._cardinality = steps
+
+
+def replica_index(context: Any) -> int:
+    """This replica's index in its sync group, as a Python int (0 outside
+    a replica).
+
+    `ReplicaContext.replica_id_in_sync_group` (`distribute_lib.py`) is a
+    tensor; the int it is made from is `_replica_id_in_sync_group`, which
+    the emulated chip needs to key its per-replica buffers while tracing.
+    """
+    return int(getattr(context, "_replica_id_in_sync_group", 0))
+
+
+def mark_tpu_input_identity(op: Any) -> None:
+    """Marks `op` as a direct input of a TPU step, as `tpu.replicate` does.
+
+    `split_compile_and_replicate` in `tensorflow/python/tpu/tpu.py` sets the
+    attribute with `Operation._set_attr`; TF's enqueue reads it, and no
+    public API sets an op attribute after its creation.
+    """
+    op._set_attr("_tpu_input_identity", tf_attr_value_pb2.AttrValue(b=True))
+
+
+def tpu_flatten_and_filter_composite(*args: Any) -> Any:
+    """`tpu._flatten_and_filter_composite` (`tensorflow/python/tpu/tpu.py`):
+    how `tpu.replicate` flattens its inputs, composites apart; private, and
+    the emulation must flatten exactly as it does."""
+    return tf_tpu._flatten_and_filter_composite(*args)
+
+
+def tpu_pad_all_input(*args: Any) -> Any:
+    """`tpu._pad_all_input` (`tensorflow/python/tpu/tpu.py`): dynamic
+    padding's decision of which step inputs to pad; private, and the
+    emulation must decide exactly as `tpu.replicate` does."""
+    return tf_tpu._pad_all_input(*args)
+
+
+def control_flow_context(graph: Any) -> Any:
+    """The control-flow context of `graph` (`ops.Graph.
+    _get_control_flow_context`, `tensorflow/python/framework/ops.py`), which
+    `tpu.replicate` enters with its `TPUReplicateContext`; no public API."""
+    return graph._get_control_flow_context()
+
+
+def set_control_flow_context(graph: Any, context: Any) -> None:
+    """`ops.Graph._set_control_flow_context`: enters (or leaves) a context,
+    as `tpu.replicate` does around the step; no public API."""
+    graph._set_control_flow_context(context)
+
+
+def tpu_extended_reduce_to(
+    extended: Any, reduce_op: Any, value: Any, destinations: Any, options: Any
+) -> Any:
+    """`TPUExtended._reduce_to` (`tensorflow/python/distribute/
+    tpu_strategy.py`), run on the emulated strategy: the TPU's reduce outside
+    the step, which `Strategy.reduce` reaches only through this private
+    hook."""
+    return tf_tpu_strategy.TPUExtended._reduce_to(
+        extended, reduce_op, value, destinations, options
+    )
+
+
+# `TPUExtended._broadcast_output` (`tpu_strategy.py`): the output step of
+# that reduce, taken as it is by the emulated strategy.
+tpu_extended_broadcast_output: Any = (
+    tf_tpu_strategy.TPUExtended._broadcast_output
+)
+
+
 __all__ = [
+    "SharedColumnCreatorArguments",
+    "TFTPUEmbeddingColumn",
+    "TFTPUSharedEmbeddingColumn",
+    "TPUColumnArguments",
+    "control_flow_context",
+    "distributed_dataset_cardinality",
+    "distributed_dataset_options",
+    "mark_tpu_input_identity",
+    "replica_index",
+    "set_control_flow_context",
+    "set_distributed_dataset_cardinality",
+    "shared_column_creator_arguments",
+    "tpu_column_arguments",
+    "tpu_extended_broadcast_output",
+    "tpu_extended_reduce_to",
+    "tpu_flatten_and_filter_composite",
+    "tpu_pad_all_input",
     "TFSaveSpec",
     "Trackable",
     "caller_stacklevel",

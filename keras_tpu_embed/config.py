@@ -9,6 +9,7 @@ from typing import Callable
 from keras_tpu_embed import optimizers
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed.serialization import serializable
+from keras_tpu_embed.types import KerasConfig
 
 SUPPORTED_PARTITION_STRATEGIES: tuple[str, ...] = ("div", "mod")
 NON_FINITE_UPDATE_MODES: tuple[str, ...] = ("raise", "allow")
@@ -143,7 +144,7 @@ class EmbeddingConfig:
         }
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> EmbeddingConfig:
+    def from_config(cls, config: KerasConfig) -> EmbeddingConfig:
         config = dict(config)
         config["optimizer"] = keras.saving.deserialize_keras_object(
             config["optimizer"]
@@ -157,7 +158,7 @@ class EmbeddingConfig:
         return cls(**config)
 
 
-def as_config(config: Any) -> EmbeddingConfig:
+def as_config(config: EmbeddingConfig | None) -> EmbeddingConfig:
     """`config`, or the default `EmbeddingConfig()` for None.
 
     Raises:

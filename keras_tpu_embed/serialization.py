@@ -17,10 +17,10 @@ Keras prints right after the class name it could not locate.
 
 from __future__ import annotations
 
-from typing import Any
 from typing import TypeVar
 
 from keras_tpu_embed._compat import keras
+from keras_tpu_embed.types import KerasConfig
 
 PACKAGE = "keras_tpu_embed"
 
@@ -42,12 +42,12 @@ LOAD_HINT = (
 )
 
 
-def with_load_hint(config: dict[str, Any]) -> dict[str, Any]:
+def with_load_hint(config: KerasConfig) -> KerasConfig:
     """`config` with the import to add first, for Keras' load error."""
     return {LOAD_HINT_KEY: LOAD_HINT, **config}
 
 
-def without_load_hint(config: dict[str, Any]) -> dict[str, Any]:
+def without_load_hint(config: KerasConfig) -> KerasConfig:
     """A copy of `config` without the hint (files without it load too)."""
     config = dict(config)
     config.pop(LOAD_HINT_KEY, None)

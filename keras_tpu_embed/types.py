@@ -24,3 +24,14 @@ LookupDeviceName: TypeAlias = Literal[
 ]
 OutputMode: TypeAlias = Literal["dict", "concat"]
 SUPPORTED_OUTPUT_MODES: tuple[str, ...] = ("dict", "concat")
+
+KerasConfig: TypeAlias = dict[str, Any]
+"""A `get_config()` dictionary: serialized constructor arguments by name."""
+
+TFFeatureColumn: TypeAlias = Any
+"""A column built with `tf.feature_column.*` or TF's TPU embedding columns
+(`tf.compat.v1.tpu.experimental.embedding_column`); TensorFlow ships no
+type information, so this names what is expected."""
+
+LookupTable: TypeAlias = Any
+"""A `tf.lookup.StaticHashTable` or `tf.lookup.StaticVocabularyTable`."""

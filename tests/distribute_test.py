@@ -8,8 +8,6 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.tpu import distribute
-from keras_tpu_embed.tpu.distribute import drop_negative_ids
 
 
 def _examples(n=10):
@@ -69,19 +67,6 @@ def test_a_batched_dataset_keeps_its_global_batches():
     assert sizes == [3, 3, 3]
 
 
-def test_each_host_takes_its_slice_of_every_global_batch():
-    numbers = tf.data.Dataset.range(9).map(
-        lambda i: {"dense": i, "sparse": tf.sparse.from_dense([i + 100])}
-    )
-    second_host = tf.distribute.InputContext(
-        num_input_pipelines=2, input_pipeline_id=1, num_replicas_in_sync=2
-    )
-    host = distribute._host_slices(numbers.batch(4), 4)(second_host)
-    got = [(int(x["dense"]), x["sparse"].values.numpy().tolist()) for x in host]
-    # Examples 2, 3 of [0..3] and 6, 7 of [4..7]; the batch [8] is dropped.
-    assert got == [(2, [102]), (3, [103]), (6, [106]), (7, [107])]
-
-
 def test_bad_batch_sizes_and_inputs():
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with pytest.raises(ValueError, match="scalar components"):
@@ -108,47 +93,6 @@ def test_preprocessor_runs_on_each_host_batch():
     )
     ids = [x["c"].values.numpy().tolist() for x, _ in batches]
     assert ids == [[0, 1], [-1, 0]]
-
-
-# Host-side clean-up of negative ids before the TPU embedding engine.
-
-
-def test_ragged_ids_lose_negatives_with_their_weights():
-    ids = tf.ragged.constant([[3, -1, 4], [-1], [5]], tf.int64)
-    weights = tf.ragged.constant([[0.5, 9.0, 2.0], [9.0], [1.5]])
-    cleaned = drop_negative_ids(
-        {"tags": ids, "tags_w": weights}, {"tags": "tags_w"}, set()
-    )
-    assert cleaned["tags"].to_list() == [[3, 4], [], [5]]
-    assert cleaned["tags_w"].to_list() == [[0.5, 2.0], [], [1.5]]
-
-
-def test_sparse_ids_lose_negatives_with_their_weights():
-    indices = [[0, 0], [0, 1], [1, 0], [2, 1]]
-    ids = tf.SparseTensor(
-        indices, tf.constant([-1, 7, 2, -1], tf.int64), [3, 2]
-    )
-    weights = tf.SparseTensor(indices, [9.0, 0.25, 0.5, 9.0], [3, 2])
-    cleaned = drop_negative_ids(
-        {"item": ids, "item_w": weights}, {"item": "item_w"}, set()
-    )
-    np.testing.assert_array_equal(cleaned["item"].indices, [[0, 1], [1, 0]])
-    np.testing.assert_array_equal(cleaned["item"].values, [7, 2])
-    np.testing.assert_array_equal(cleaned["item_w"].values, [0.25, 0.5])
-    np.testing.assert_array_equal(cleaned["item_w"].indices, [[0, 1], [1, 0]])
-
-
-def test_dense_features_not_on_the_engine_keep_their_padding():
-    padded = tf.constant([[3, -1], [-1, -1]], tf.int64)  # tensor-core input
-    cleaned = drop_negative_ids({"hist": padded}, {}, {"user"})
-    np.testing.assert_array_equal(cleaned["hist"], padded)
-
-
-def test_weights_whose_ids_are_unknown_are_an_error():
-    ids = tf.SparseTensor([[0, 0]], tf.constant([-1], tf.int64), [1, 1])
-    weights = tf.SparseTensor([[0, 0]], [2.0], [1, 1])
-    with pytest.raises(ValueError, match=r"\['w'\] look like weights"):
-        drop_negative_ids({"x": ids, "w": weights}, {}, set(), False)
 
 
 # Pod slices (issue 23, finding 7): `predict` on several hosts. Keras puts

@@ -113,3 +113,18 @@ def test_config_round_trip():
     )
     rebuilt = testing.assert_config_round_trip(pre)
     assert rebuilt.expected_keys == ["i"]
+
+
+@pytest.mark.parametrize("form", ["dense", "sparse"])
+def test_weights_of_another_rank_are_named_as_ids_are(form):
+    """Weights go through the ids' rank check: rank 3 is refused naming
+    the weight feature, not left to a shape assertion."""
+    column = kte.weighted_categorical_column(
+        kte.categorical_column_with_vocabulary_list("a", ["x", "y"]), "w"
+    )
+    pre = kte.FeaturePreprocessor([column])
+    weights = tf.ones([1, 1, 1])
+    if form == "sparse":
+        weights = tf.sparse.from_dense(weights)
+    with pytest.raises(ValueError, match="Feature 'w' must be rank 1"):
+        pre({"a": tf.constant([["x"]]), "w": weights})

@@ -1,5 +1,7 @@
 """Type aliases and the option sets that checks compare against."""
 
+import ast
+import pathlib
 import re
 import typing
 
@@ -9,6 +11,8 @@ import keras_tpu_embed as kte
 from keras_tpu_embed import types
 from keras_tpu_embed.lookup import devices
 from tests import testing
+
+PACKAGE = pathlib.Path(kte.__file__).parent
 
 
 def test_option_sets_equal_their_literal_types():
@@ -36,3 +40,69 @@ def test_every_output_mode_is_accepted_and_others_name_the_set():
         ValueError, match=re.escape(str(types.SUPPORTED_OUTPUT_MODES))
     ):
         kte.TPUEmbeddingLayer([testing.identity_column()], output="list")
+
+
+# Parameters that name a domain object: their annotation says what it is
+# (a class, or a named alias of `types.py` / `columns/embedding.py`), never
+# a bare `Any`.
+DOMAIN_NAMES = {
+    "column",
+    "columns",
+    "table",
+    "tables",
+    "layer",
+    "layers",
+    "model",
+    "spec",
+    "engine",
+    "lookup",
+    "config",
+}
+UNTYPED = {"Any", "Sequence[Any]", "list[Any]", "dict[str, Any]"}
+# Typed by the changes that own these files; the lead empties this at merge.
+NOT_YET_TYPED = {
+    "layers.py",  # owned by another change
+    "shared_layer.py",  # owned by another change
+    "export/serving.py",  # owned by another change
+}
+
+
+def _untyped_domain_names(path):
+    relative = path.relative_to(PACKAGE).as_posix()
+    if relative in NOT_YET_TYPED or relative.startswith("lookup/"):
+        return []  # owned by another change (lookup/): typed there
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            arguments = node.args
+            named = [
+                *arguments.posonlyargs,
+                *arguments.args,
+                *arguments.kwonlyargs,
+            ]
+        elif isinstance(node, ast.AnnAssign) and isinstance(
+            node.target, ast.Name
+        ):
+            named = [ast.arg(arg=node.target.id, annotation=node.annotation)]
+        else:
+            continue
+        for argument in named:
+            if argument.arg not in DOMAIN_NAMES or argument.annotation is None:
+                continue
+            annotation = ast.unparse(argument.annotation)
+            if annotation in UNTYPED:
+                found.append(f"{relative}:{node.lineno} {argument.arg}")
+    return found
+
+
+def test_no_domain_parameter_is_typed_any():
+    found = [
+        entry
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for entry in _untyped_domain_names(path)
+    ]
+    assert found == [], (
+        f"Domain names typed Any: {found}. Give each the class it holds, "
+        "or a named alias (types.TFFeatureColumn, types.LookupTable, "
+        "types.KerasConfig, columns.embedding.EmbeddingColumnLike, ...)."
+    )

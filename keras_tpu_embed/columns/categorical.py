@@ -25,6 +25,7 @@ from keras_tpu_embed.columns.vocabulary_files import check_vocabulary_dtype
 from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
 from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
 from keras_tpu_embed.serialization import serializable
+from keras_tpu_embed.types import KerasConfig
 
 
 def dtype_name(dtype: Any, argument: str, key: str) -> str:
@@ -153,7 +154,7 @@ class VocabularyListColumn(CategoricalColumn):
         return config
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Any:
+    def from_config(cls, config: KerasConfig) -> Any:
         config = dict(config)
         config["vocabulary_list"] = tuple(config["vocabulary_list"])
         return cls(**config)
@@ -368,7 +369,7 @@ class WeightedColumn(CategoricalColumn):
         }
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Any:
+    def from_config(cls, config: KerasConfig) -> Any:
         config = dict(config)
         config["categorical_column"] = keras.saving.deserialize_keras_object(
             config["categorical_column"]

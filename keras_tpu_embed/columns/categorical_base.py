@@ -19,6 +19,8 @@ from typing import Mapping
 from typing import Protocol
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.types import KerasConfig
+from keras_tpu_embed.types import LookupTable
 from keras_tpu_embed.types import Tensor
 
 
@@ -30,7 +32,7 @@ class IdMapping(Protocol):
             SavedModel), or None.
     """
 
-    table: Any
+    table: LookupTable | None
 
     def __call__(self, features: Mapping[str, Tensor]) -> tf.SparseTensor:
         """The column's ids `[batch, n]` from the raw `features` it reads
@@ -152,5 +154,5 @@ class CategoricalColumn:
         }
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Any:
+    def from_config(cls, config: KerasConfig) -> Any:
         return cls(**config)

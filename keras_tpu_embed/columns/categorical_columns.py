@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import Iterable
 from typing import TypeVar
 
 from keras_tpu_embed.columns.categorical import HashedColumn
@@ -20,6 +22,9 @@ from keras_tpu_embed.columns.categorical import dtype_name
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.vocabulary_files import INTEGER_DTYPES
 from keras_tpu_embed.columns.vocabulary_files import check_file_format
+
+if TYPE_CHECKING:
+    from keras_tpu_embed.columns.embedding import ColumnSpec
 
 
 def categorical_column_with_identity(
@@ -248,7 +253,7 @@ def sequence_categorical_column_with_hash_bucket(
     )
 
 
-def input_keys(columns: Any) -> list[str]:
+def input_keys(columns: Iterable[ColumnSpec]) -> list[str]:
     """The feature keys `columns` read (ids, then weights), each once.
 
     Takes categorical or embedding columns: both name their `feature_key`

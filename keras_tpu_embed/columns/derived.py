@@ -26,6 +26,8 @@ from keras_tpu_embed.columns.categorical import dtype_name
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.categorical_base import IdMapping
 from keras_tpu_embed.serialization import serializable
+from keras_tpu_embed.types import KerasConfig
+from keras_tpu_embed.types import TFFeatureColumn
 
 
 @serializable
@@ -71,7 +73,7 @@ class NumericColumn:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> NumericColumn:
+    def from_config(cls, config: KerasConfig) -> NumericColumn:
         config = dict(config)
         config["shape"] = tuple(config["shape"])
         if config.get("default_value") is not None:
@@ -145,7 +147,7 @@ class BucketizedColumn(CategoricalColumn):
         }
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> BucketizedColumn:
+    def from_config(cls, config: KerasConfig) -> BucketizedColumn:
         return cls(
             source_column=NumericColumn.from_config(config["source_column"]),
             boundaries=tuple(config["boundaries"]),
@@ -266,7 +268,7 @@ class CrossedColumn(CategoricalColumn):
         }
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> CrossedColumn:
+    def from_config(cls, config: KerasConfig) -> CrossedColumn:
         return cls(
             keys=tuple(
                 k
@@ -386,7 +388,9 @@ def crossed_column(
     )
 
 
-def to_numeric_column(column: Any) -> NumericColumn:
+def to_numeric_column(
+    column: NumericColumn | TFFeatureColumn,
+) -> NumericColumn:
     """`column` as our `NumericColumn` (from `tf.feature_column` too)."""
     if isinstance(column, NumericColumn):
         return column

@@ -15,8 +15,10 @@ from typing import Protocol
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.categorical_base import IdMapping
-from keras_tpu_embed.columns.id_mapping import dense_rank_2
 from keras_tpu_embed.columns.id_mapping import to_sparse
+from keras_tpu_embed.preprocessing.ids import as_rank_2
+from keras_tpu_embed.preprocessing.ids import check_numeric
+from keras_tpu_embed.types import LookupTable
 from keras_tpu_embed.types import Tensor
 
 
@@ -97,11 +99,10 @@ def bucketized_ids(column: BucketizedSpec, raw: Tensor) -> tf.SparseTensor:
             f"{type(raw).__name__}."
         )
     raw = tf.convert_to_tensor(raw)
-    if not (raw.dtype.is_floating or raw.dtype.is_integer):
-        raise TypeError(
-            f"Feature '{source.key}' of bucketized column '{column.name}' "
-            f"must be numeric, got dtype {raw.dtype.name}."
-        )
+    check_numeric(
+        f"Feature '{source.key}' of bucketized column '{column.name}'",
+        raw.dtype,
+    )
     values = _numbers_per_row(column, tf.cast(raw, tf.float32))
     buckets = tf.raw_ops.Bucketize(
         input=values, boundaries=list(column.boundaries)
@@ -202,7 +203,7 @@ def crossed_ids(
                 value = to_sparse(key, value)
                 values = value.values
             else:
-                value = dense_rank_2(key, value)
+                value = as_rank_2(key, tf.convert_to_tensor(value))
                 values = value
             if not (values.dtype.is_integer or values.dtype == tf.string):
                 raise TypeError(
@@ -231,7 +232,7 @@ def crossed_ids(
 class BucketizedIds:
     """A bucketized column's ids, from its numeric feature."""
 
-    table: Any = None
+    table: LookupTable | None = None
 
     def __init__(self, column: BucketizedSpec) -> None:
         self.column = column
@@ -244,7 +245,7 @@ class BucketizedIds:
 class CrossedIds:
     """A crossed column's ids, from its keys' features."""
 
-    table: Any = None
+    table: LookupTable | None = None
 
     def __init__(self, column: CrossedSpec) -> None:
         self.column = column

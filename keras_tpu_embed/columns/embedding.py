@@ -13,6 +13,7 @@ import math
 import os
 import warnings
 from typing import Any
+from typing import TypeAlias
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
@@ -21,7 +22,9 @@ from keras_tpu_embed.lookup.devices import parse_lookup_device
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import SUPPORTED_COMBINERS
 from keras_tpu_embed.types import InitializerLike
+from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import LearningRateFn
+from keras_tpu_embed.types import TFFeatureColumn
 
 
 def default_initializer(dimension: int) -> keras.initializers.Initializer:
@@ -219,7 +222,7 @@ class _EmbeddingSpec:
         return config
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Any:
+    def from_config(cls, config: KerasConfig) -> Any:
         config = dict(config)
         config["categorical_column"] = keras.saving.deserialize_keras_object(
             config["categorical_column"]
@@ -272,6 +275,12 @@ class SharedEmbeddingColumn(_EmbeddingSpec):
 
 
 AnyEmbeddingColumn = EmbeddingColumn | SharedEmbeddingColumn
+# What the public functions take: a column of this package or of
+# `tf.feature_column` (converted once, on the way in).
+EmbeddingColumnLike: TypeAlias = AnyEmbeddingColumn | TFFeatureColumn
+# A column of this package that names its ids: categorical or embedding.
+ColumnSpec: TypeAlias = AnyEmbeddingColumn | CategoricalColumn
+ColumnLike: TypeAlias = ColumnSpec | TFFeatureColumn
 
 
 def check_dimension(dimension: Any, name: str) -> None:

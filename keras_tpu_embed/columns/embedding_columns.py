@@ -225,7 +225,7 @@ def shared_embedding_columns(
         )
     # What every column of the table shares; each adds its own categorical
     # column and sequence length.
-    table: dict[str, Any] = dict(
+    shared_arguments: dict[str, Any] = dict(
         dimension=dimension,
         combiner=combiner,
         initializer=initializer,
@@ -241,7 +241,9 @@ def shared_embedding_columns(
     )
     return [
         SharedEmbeddingColumn(
-            categorical_column=column, max_sequence_length=length, **table
+            categorical_column=column,
+            max_sequence_length=length,
+            **shared_arguments,
         )
         for column, length in zip(converted, max_sequence_lengths)
     ]

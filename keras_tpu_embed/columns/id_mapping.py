@@ -23,9 +23,11 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
 from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
-from keras_tpu_embed.preprocessing.ids import check_rank
+from keras_tpu_embed.preprocessing.ids import as_rank_2
+from keras_tpu_embed.preprocessing.ids import check_integer
 from keras_tpu_embed.preprocessing.ids import ids_below
 from keras_tpu_embed.preprocessing.ids import map_to_default
+from keras_tpu_embed.types import LookupTable
 from keras_tpu_embed.types import Tensor
 
 
@@ -43,24 +45,14 @@ def to_sparse(feature: str, value: Tensor) -> tf.SparseTensor:
             )
         return value.to_sparse()
     if isinstance(value, tf.SparseTensor):
-        if check_rank(feature, value) == 1:
-            return tf.sparse.reshape(value, [-1, 1])
-        return value
-    value = dense_rank_2(feature, value)
+        return as_rank_2(feature, value)
+    value = as_rank_2(feature, tf.convert_to_tensor(value))
     keep = tf.not_equal(value, _ignore_value(value.dtype))
     return tf.SparseTensor(
         indices=tf.where(keep),
         values=tf.boolean_mask(value, keep),
         dense_shape=tf.shape(value, out_type=tf.int64),
     )
-
-
-def dense_rank_2(feature: str, value: Tensor) -> Tensor:
-    """A dense `[batch]` or `[batch, n]` feature as `[batch, n]`."""
-    value = tf.convert_to_tensor(value)
-    if check_rank(feature, value) == 1:
-        return value[:, tf.newaxis]
-    return value
 
 
 def check_raw_dtype(
@@ -73,10 +65,11 @@ def check_raw_dtype(
             f"Feature '{feature}' must hold strings for column "
             f"'{column.name}', got dtype {dtype.name}."
         )
-    if not want_string and not dtype.is_integer:
-        raise TypeError(
-            f"Feature '{feature}' must hold integers for column "
-            f"'{column.name}', got dtype {dtype.name}."
+    if not want_string:
+        check_integer(
+            f"Feature '{feature}'",
+            dtype,
+            f"integers for column '{column.name}'",
         )
 
 
@@ -87,7 +80,7 @@ class ValueIds:
     checks its dtype and keeps its structure.
     """
 
-    table: Any = None
+    table: LookupTable | None = None
 
     def __init__(self, column: CategoricalColumn) -> None:
         self.column = column
@@ -163,7 +156,7 @@ def _lookup_table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
     return tf.lookup.StaticHashTable(initializer, default)
 
 
-def _looked_up(table: Any, values: Tensor) -> Tensor:
+def _looked_up(table: LookupTable, values: Tensor) -> Tensor:
     if values.dtype.is_integer and values.dtype != tf.int64:
         values = tf.cast(values, tf.int64)
     return table.lookup(values)

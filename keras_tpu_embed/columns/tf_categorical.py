@@ -15,9 +15,12 @@ from keras_tpu_embed.columns import categorical as columns_lib
 from keras_tpu_embed.columns import categorical_columns as factories
 from keras_tpu_embed.columns import derived
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
+from keras_tpu_embed.types import TFFeatureColumn
 
 
-def to_categorical_column(column: Any) -> CategoricalColumn:
+def to_categorical_column(
+    column: CategoricalColumn | TFFeatureColumn,
+) -> CategoricalColumn:
     """Returns `column` as a categorical column of this package.
 
     Raises:

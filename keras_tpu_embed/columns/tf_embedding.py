@@ -11,13 +11,18 @@ from __future__ import annotations
 from typing import Any
 from typing import Iterable
 
+from keras_tpu_embed._compat import TFTPUEmbeddingColumn
+from keras_tpu_embed._compat import TFTPUSharedEmbeddingColumn
+from keras_tpu_embed._compat import TPUColumnArguments
 from keras_tpu_embed._compat import keras
+from keras_tpu_embed._compat import shared_column_creator_arguments
 from keras_tpu_embed._compat import tf_feature_column_v2 as fc
 from keras_tpu_embed._compat import tf_init_ops
-from keras_tpu_embed._compat import tf_tpu_feature_column_v2 as tpu_fc
+from keras_tpu_embed._compat import tpu_column_arguments
 from keras_tpu_embed.columns import embedding as embedding_lib
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.tf_categorical import to_categorical_column
+from keras_tpu_embed.types import TFFeatureColumn
 
 
 def _initializer(initializer: Any) -> Any:
@@ -31,63 +36,63 @@ def _initializer(initializer: Any) -> Any:
     return initializer
 
 
-def _device_name(column: Any) -> str | None:
-    device = getattr(column, "_embedding_lookup_device", None)
+def _device_name(arguments: TPUColumnArguments) -> str | None:
+    device = arguments.embedding_lookup_device
     return None if device is None else device.name.lower()
 
 
-def _tensor_core_shape(column: Any) -> Any:
-    return getattr(column, "_tensor_core_shape", None)
-
-
 def _convert_embedding_column(
-    column: Any,
+    column: TFFeatureColumn,
 ) -> embedding_lib.AnyEmbeddingColumn:
-    if isinstance(column, tpu_fc._TPUSharedEmbeddingColumnV2):
+    if isinstance(column, TFTPUSharedEmbeddingColumn):
         creator = column.shared_embedding_column_creator
+        arguments = tpu_column_arguments(column)
         return embedding_lib.SharedEmbeddingColumn(
             categorical_column=to_categorical_column(column.categorical_column),
             dimension=creator.dimension,
             combiner=column.combiner,
-            initializer=_initializer(column._initializer),
+            initializer=_initializer(arguments.initializer),
             shared_embedding_collection_name=(
-                column._shared_embedding_collection_name
+                arguments.shared_embedding_collection_name
             ),
-            max_sequence_length=column._max_sequence_length,
-            learning_rate_fn=column._learning_rate_fn,
-            embedding_lookup_device=_device_name(column),
-            tensor_core_shape=_tensor_core_shape(column),
+            max_sequence_length=arguments.max_sequence_length,
+            learning_rate_fn=arguments.learning_rate_fn,
+            embedding_lookup_device=_device_name(arguments),
+            tensor_core_shape=arguments.tensor_core_shape,
             use_safe_embedding_lookup=column.use_safe_embedding_lookup,
         )
-    if isinstance(column, tpu_fc._TPUEmbeddingColumnV2):
+    if isinstance(column, TFTPUEmbeddingColumn):
+        arguments = tpu_column_arguments(column)
         return embedding_lib.EmbeddingColumn(
             categorical_column=to_categorical_column(column.categorical_column),
             dimension=column.dimension,
             combiner=column.combiner,
             initializer=_initializer(column.initializer),
-            max_sequence_length=column._max_sequence_length,
-            learning_rate_fn=column._learning_rate_fn,
-            embedding_lookup_device=_device_name(column),
-            tensor_core_shape=_tensor_core_shape(column),
+            max_sequence_length=arguments.max_sequence_length,
+            learning_rate_fn=arguments.learning_rate_fn,
+            embedding_lookup_device=_device_name(arguments),
+            tensor_core_shape=arguments.tensor_core_shape,
             use_safe_embedding_lookup=column.use_safe_embedding_lookup,
         )
     if isinstance(column, fc.SharedEmbeddingColumn):
-        creator = column.shared_embedding_column_creator
+        creator = shared_column_creator_arguments(
+            column.shared_embedding_column_creator
+        )
         categorical = to_categorical_column(column.categorical_column)
         return embedding_lib.SharedEmbeddingColumn(
             categorical_column=categorical,
-            dimension=creator._dimension,
+            dimension=creator.dimension,
             combiner=column.combiner,
-            initializer=_initializer(creator._initializer),
-            shared_embedding_collection_name=creator._name,
+            initializer=_initializer(creator.initializer),
+            shared_embedding_collection_name=creator.name,
             # tf.feature_column has no sequence length of its own; the TPU
             # convention of padding to a length needs one, so it is refused.
             max_sequence_length=_require_no_sequence(categorical),
             use_safe_embedding_lookup=column.use_safe_embedding_lookup,
-            trainable=bool(creator._trainable),
+            trainable=creator.trainable,
             max_norm=column.max_norm,
-            ckpt_to_load_from=creator._ckpt_to_load_from,
-            tensor_name_in_ckpt=creator._tensor_name_in_ckpt,
+            ckpt_to_load_from=creator.ckpt_to_load_from,
+            tensor_name_in_ckpt=creator.tensor_name_in_ckpt,
         )
     if isinstance(column, fc.EmbeddingColumn):
         categorical = to_categorical_column(column.categorical_column)
@@ -123,7 +128,9 @@ def _require_no_sequence(column: CategoricalColumn) -> int:
     return 0
 
 
-def to_embedding_column(column: Any) -> embedding_lib.AnyEmbeddingColumn:
+def to_embedding_column(
+    column: embedding_lib.EmbeddingColumnLike,
+) -> embedding_lib.AnyEmbeddingColumn:
     """Returns `column` as an embedding column of this package."""
     if isinstance(
         column,
@@ -134,7 +141,7 @@ def to_embedding_column(column: Any) -> embedding_lib.AnyEmbeddingColumn:
 
 
 def to_embedding_columns(
-    columns: Iterable[Any],
+    columns: Iterable[embedding_lib.EmbeddingColumnLike],
 ) -> list[embedding_lib.AnyEmbeddingColumn]:
     """Converts a list of embedding columns, refusing duplicate names."""
     if isinstance(columns, (str, bytes)) or not isinstance(columns, Iterable):

@@ -28,12 +28,19 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING
 from typing import Sequence
+from typing import TypeVar
+from typing import cast
 
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.categorical_base import VocabularyFile
 from keras_tpu_embed.export.export_records import file_sha256
+
+if TYPE_CHECKING:
+    from keras_tpu_embed.columns.embedding import ColumnSpec
+
+SpecT = TypeVar("SpecT", bound="ColumnSpec")
 
 MANIFEST = "vocabularies.json"
 
@@ -41,7 +48,7 @@ _EXTRACTED: list[str] = []
 
 
 def vocabulary_file_columns(
-    columns: Sequence[Any],
+    columns: Sequence[ColumnSpec],
 ) -> list[VocabularyFile]:
     """The `VocabularyFileColumn`s under `columns`, one per file path.
 
@@ -54,7 +61,7 @@ def vocabulary_file_columns(
     return list(found.values())
 
 
-def _categorical(column: Any) -> CategoricalColumn:
+def _categorical(column: ColumnSpec) -> CategoricalColumn:
     """A categorical column, or an embedding column's categorical column."""
     if isinstance(column, CategoricalColumn):
         return column
@@ -62,7 +69,7 @@ def _categorical(column: Any) -> CategoricalColumn:
     return categorical
 
 
-def save_vocabularies(columns: Sequence[Any], directory: str) -> None:
+def save_vocabularies(columns: Sequence[ColumnSpec], directory: str) -> None:
     """Copies the vocabulary files of `columns` into `directory`."""
     manifest = {}
     for index, column in enumerate(vocabulary_file_columns(columns)):
@@ -85,7 +92,7 @@ def save_vocabularies(columns: Sequence[Any], directory: str) -> None:
         json.dump(manifest, handle, indent=1, sort_keys=True)
 
 
-def load_vocabularies(columns: Sequence[Any], directory: str) -> list[Any]:
+def load_vocabularies(columns: Sequence[SpecT], directory: str) -> list[SpecT]:
     """`columns` pointing at the vocabularies extracted from `directory`.
 
     Raises:
@@ -111,16 +118,21 @@ def load_vocabularies(columns: Sequence[Any], directory: str) -> list[Any]:
         if not os.path.exists(target):
             shutil.copyfile(asset, target)
         moved[source] = target
-    return [_with_vocabulary_files(column, moved) for column in columns]
+    # Each column keeps its kind: an embedding column stays one, with its
+    # categorical column replaced.
+    return [
+        cast(SpecT, _with_vocabulary_files(column, moved)) for column in columns
+    ]
 
 
-def _with_vocabulary_files(column: Any, moved: dict[str, str]) -> Any:
+def _with_vocabulary_files(
+    column: ColumnSpec, moved: dict[str, str]
+) -> ColumnSpec:
     """`column` with its vocabulary file replaced per `moved`, if listed."""
-    categorical = _categorical(column)
-    replaced = categorical.with_vocabulary_files(moved)
-    if categorical is column:
-        return replaced
-    if replaced is categorical:
+    if isinstance(column, CategoricalColumn):
+        return column.with_vocabulary_files(moved)
+    replaced = column.categorical_column.with_vocabulary_files(moved)
+    if replaced is column.categorical_column:
         return column
     return dataclasses.replace(column, categorical_column=replaced)
 

@@ -306,7 +306,7 @@ class QuantizedTable(tf.Module):  # type: ignore[misc]
 
 
 def quantized_copies(
-    tables: dict[str, Any], table_dtype: str
+    tables: dict[str, tf.Variable], table_dtype: str
 ) -> dict[str, QuantizedTable]:
     """`QuantizedTable` copies of float32 `tables` (by name); none for
     `"float32"`, which serves the tables themselves.
@@ -334,7 +334,7 @@ def packed_words(codes: np.ndarray) -> np.ndarray:
     return codes
 
 
-def gather(table: Any, ids: Tensor) -> Tensor:
+def gather(table: tf.Variable | QuantizedTable, ids: Tensor) -> Tensor:
     """Rows of a float table or a `QuantizedTable`, as float32."""
     if isinstance(table, QuantizedTable):
         return table.gather(ids)

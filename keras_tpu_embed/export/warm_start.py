@@ -43,6 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
+from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.columns import read_vocabulary_file
@@ -268,7 +269,7 @@ def remap_rows(
 
 
 def warm_start(
-    model: Any,
+    model: keras.Model,
     checkpoint: str,
     *,
     variable_names: Mapping[str, str] | None = None,

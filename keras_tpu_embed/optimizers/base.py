@@ -17,6 +17,7 @@ from typing import Mapping
 from typing import NamedTuple
 
 from keras_tpu_embed._compat import keras
+from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
 
 
@@ -194,7 +195,7 @@ class EmbeddingOptimizer:
         return config
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Any:
+    def from_config(cls, config: KerasConfig) -> Any:
         config = dict(config)
         if isinstance(config.get("learning_rate"), dict):
             config["learning_rate"] = keras.saving.deserialize_keras_object(

@@ -22,13 +22,17 @@ from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.columns import to_categorical_column
 from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.columns import vocabulary_assets
+from keras_tpu_embed.columns.embedding import ColumnLike
+from keras_tpu_embed.columns.embedding import ColumnSpec
 from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.preprocessing.ids import as_rank_2
 from keras_tpu_embed.preprocessing.ids import checked_weights
 from keras_tpu_embed.preprocessing.ids import densify
 from keras_tpu_embed.preprocessing.ids import width_of
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.serialization import with_load_hint
 from keras_tpu_embed.serialization import without_load_hint
+from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
 
 
@@ -188,6 +192,7 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
                 outputs[weight_key] = _weights_like(
                     weight_key,
                     _fetch(features, weight_key, expected),
+                    key,
                     raws[key],
                     outputs[key],
                 )
@@ -251,14 +256,14 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
         }
 
     def get_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = super().get_config()
+        config: KerasConfig = super().get_config()
         config["columns"] = [
             keras.saving.serialize_keras_object(c) for c in self._columns_arg
         ]
         return with_load_hint(config)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> FeaturePreprocessor:
+    def from_config(cls, config: KerasConfig) -> FeaturePreprocessor:
         config = without_load_hint(config)
         with columns_lib.vocabulary_files_from_archive():
             config["columns"] = [
@@ -282,7 +287,7 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
         self._mappings = [c.id_mapping() for c in self.categorical_columns]
 
 
-def _as_spec(column: Any) -> Any:
+def _as_spec(column: ColumnLike) -> ColumnSpec:
     """An embedding or categorical column of this package."""
     if isinstance(
         column,
@@ -305,12 +310,15 @@ def _fetch(features: dict[str, Tensor], key: str, expected: list[str]) -> Any:
 
 
 def _weights_like(
-    weight_key: str, weights: Tensor, raw_ids: Tensor, ids: tf.SparseTensor
+    weight_key: str,
+    weights: Tensor,
+    key: str,
+    raw_ids: Tensor,
+    ids: tf.SparseTensor,
 ) -> tf.SparseTensor:
     """Weights as a SparseTensor with exactly the ids' indices."""
     if isinstance(weights, tf.SparseTensor):
-        if weights.shape.rank == 1:
-            weights = tf.sparse.reshape(weights, [-1, 1])
+        weights = as_rank_2(weight_key, weights)
         check = tf.debugging.assert_equal(
             weights.indices,
             ids.indices,
@@ -337,12 +345,8 @@ def _weights_like(
         with tf.control_dependencies([check]):
             values = tf.identity(weights.flat_values)
     else:
-        weights = tf.convert_to_tensor(weights)
-        if weights.shape.rank == 1:
-            weights = weights[:, tf.newaxis]
-        raw = tf.convert_to_tensor(raw_ids)
-        if raw.shape.rank == 1:
-            raw = raw[:, tf.newaxis]
+        weights = as_rank_2(weight_key, tf.convert_to_tensor(weights))
+        raw = as_rank_2(key, tf.convert_to_tensor(raw_ids))
         check = tf.debugging.assert_equal(
             tf.shape(weights),
             tf.shape(raw),
@@ -374,7 +378,7 @@ def make_parse_example_spec(columns: Iterable[Any]) -> dict[str, Any]:
     >>> sorted(make_parse_example_spec([embedding_column(tags, 4)]))
     ['tag_weights', 'tags']
     """
-    spec: dict[str, Any] = {}
+    spec: dict[str, tf.io.VarLenFeature | tf.io.FixedLenFeature] = {}
     for column in categorical_columns_of(columns):
         numeric = column.base.numeric_sources
         for key, dtype_name in column.raw_inputs.items():

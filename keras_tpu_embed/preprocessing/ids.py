@@ -111,15 +111,31 @@ def _form(value: Tensor) -> str:
     return "dense"
 
 
-def check_ids_dtype(feature: str, ids: Tensor) -> Tensor:
-    dtype = ids.dtype
+def check_integer(
+    subject: str, dtype: tf.DType, holding: str, fix: str = ""
+) -> None:
+    """Raises TypeError unless `dtype` is an integer type: `subject` (e.g.
+    "Feature 'x'") must hold `holding` (e.g. "integer ids"), then `fix`."""
     if not dtype.is_integer:
         raise TypeError(
-            f"Feature '{feature}' must hold integer ids, got dtype "
-            f"{dtype.name}. Map raw values to ids with "
-            "kte.FeaturePreprocessor(columns) first."
+            f"{subject} must hold {holding}, got dtype {dtype.name}.{fix}"
         )
-    if dtype != tf.int64:
+
+
+def check_numeric(subject: str, dtype: tf.DType) -> None:
+    """Raises TypeError unless `dtype` is an integer or floating type."""
+    if not (dtype.is_floating or dtype.is_integer):
+        raise TypeError(f"{subject} must be numeric, got dtype {dtype.name}.")
+
+
+def check_ids_dtype(feature: str, ids: Tensor) -> Tensor:
+    check_integer(
+        f"Feature '{feature}'",
+        ids.dtype,
+        "integer ids",
+        " Map raw values to ids with kte.FeaturePreprocessor(columns) first.",
+    )
+    if ids.dtype != tf.int64:
         return tf.cast(ids, tf.int64)
     return ids
 
@@ -127,12 +143,7 @@ def check_ids_dtype(feature: str, ids: Tensor) -> Tensor:
 def checked_weights(feature: str, weights: Tensor) -> Tensor:
     """Numeric `weights` (dense, ragged or sparse) as float32, after a
     run-time check that none is NaN or inf."""
-    dtype = weights.dtype
-    if not (dtype.is_floating or dtype.is_integer):
-        raise TypeError(
-            f"Weight feature '{feature}' must be numeric, got dtype "
-            f"{dtype.name}."
-        )
+    check_numeric(f"Weight feature '{feature}'", weights.dtype)
     weights = tf.cast(weights, tf.float32)
     values = weights.values if _form(weights) != "dense" else weights
     check = tf.debugging.assert_all_finite(
@@ -156,6 +167,21 @@ def check_rank(feature: str, value: Tensor) -> int:
             f"`[batch, n]`, got rank {rank} with shape {value.shape}."
         )
     return int(rank)
+
+
+def as_rank_2(feature: str, value: Tensor) -> Tensor:
+    """A dense or sparse `[batch]` or `[batch, n]` feature as `[batch, n]`;
+    any other rank is an error naming the feature."""
+    check_rank(feature, value)
+    return _as_rank_2(value)
+
+
+def _as_rank_2(value: Tensor) -> Tensor:
+    if value.shape.rank != 1:
+        return value
+    if isinstance(value, tf.SparseTensor):
+        return tf.sparse.reshape(value, [-1, 1])
+    return value[:, tf.newaxis]
 
 
 def to_id_batch(
@@ -241,10 +267,9 @@ def to_id_batch(
             ids.nrows(out_type=tf.int64),
             row_major=True,
         )
-    if rank == 1:
-        ids = ids[:, tf.newaxis]
-        if weights is not None:
-            weights = weights[:, tf.newaxis]
+    ids = as_rank_2(feature, ids)
+    if weights is not None:
+        weights = as_rank_2(weight_name, weights)
     if weights is not None:
         if (
             ids.shape.is_fully_defined()
@@ -360,8 +385,7 @@ def prunes_weights(column: LookupColumn) -> bool:
 
 def fit_width(dense: Tensor, width: int, pad: Any) -> Tensor:
     """`dense` `[batch, n]` truncated or padded with `pad` to `width`."""
-    if dense.shape.rank == 1:
-        dense = dense[:, tf.newaxis]
+    dense = _as_rank_2(dense)
     n = dense.shape[1]
     if n is not None and n >= width:
         return dense[:, :width]
@@ -376,9 +400,7 @@ def fit_width(dense: Tensor, width: int, pad: Any) -> Tensor:
 def densify(values: Tensor, width: int, pad: Any) -> Tensor:
     """Any input form as a dense `[batch, width]` matrix (host side)."""
     if isinstance(values, tf.SparseTensor):
-        if values.shape.rank == 1:
-            values = tf.sparse.reshape(values, [-1, 1])
-        values = tf.sparse.to_dense(values, default_value=pad)
+        values = tf.sparse.to_dense(_as_rank_2(values), default_value=pad)
     elif isinstance(values, tf.RaggedTensor):
         values = values.to_tensor(default_value=pad)
     return fit_width(values, width, pad)

@@ -120,7 +120,7 @@ class LayerOutputs:
         first = tf.nest.flatten(next(iter(features.values())))[0]
         batch = tf.shape(first)[0]
 
-        def zeros(spec: Any) -> Tensor:
+        def zeros(spec: tf.TensorSpec) -> Tensor:
             shape = [batch, *spec.shape[1:]]
             return tf.zeros(tf.stack(shape), spec.dtype)
 

@@ -32,7 +32,6 @@ rule for them.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import Any
 from typing import Callable
@@ -41,6 +40,7 @@ from tensorflow.core.protobuf.tpu import (
     tpu_embedding_configuration_pb2 as config_pb2,
 )
 
+from keras_tpu_embed._compat import replica_index
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
 from keras_tpu_embed._compat import (
@@ -49,28 +49,17 @@ from keras_tpu_embed._compat import (
 from keras_tpu_embed._compat import tf_tpu_ops as tpu_ops
 from keras_tpu_embed._compat import tf_tpu_util as tpu_util
 from keras_tpu_embed.testing import engine_rules
+from keras_tpu_embed.testing.chip_kernels import ChipTable
+from keras_tpu_embed.testing.chip_kernels import Enqueued
+from keras_tpu_embed.testing.chip_kernels import apply_table
+from keras_tpu_embed.testing.chip_kernels import cells_and_scales
+from keras_tpu_embed.testing.chip_kernels import cells_in
+from keras_tpu_embed.testing.chip_kernels import checked_ids
 from keras_tpu_embed.types import Tensor
 
-
-@dataclasses.dataclass
-class _Table:
-    name: str
-    vocabulary_size: int
-    dim: int
-    parameters: Any  # OptimizationParameters proto
-    kind: str
-    variables: dict[str, Any]  # "parameters" and slot names -> variable
-
-
-@dataclasses.dataclass
-class _Enqueued:
-    ids: list[Tensor]
-    positions: list[Tensor | None]  # sample indices or row splits
-    kinds: list[str]  # "dense", "sparse", "ragged"
-    weights: list[Tensor | None]
-    combiners: list[str]
-    cells: list[Tensor] = dataclasses.field(default_factory=list)
-    scales: list[Tensor] = dataclasses.field(default_factory=list)
+# The `config` argument of TF's chip ops: the serialized
+# `TPUEmbeddingConfiguration`, which this chip reads once, in `configure`.
+SerializedConfig = bytes | str | None
 
 
 def shard_rows(rows: int, num_shards: int, shard_id: int) -> tuple[int, int]:
@@ -84,9 +73,9 @@ class EmulatedChip:
     """The embedding memory and ops of one emulated TPU system."""
 
     def __init__(self) -> None:
-        self.config: Any = None
-        self.tables: list[_Table] = []
-        self._enqueued: dict[tuple[int, int, int], _Enqueued] = {}
+        self.config: config_pb2.TPUEmbeddingConfiguration | None = None
+        self.tables: list[ChipTable] = []
+        self._enqueued: dict[tuple[int, int, int], Enqueued] = {}
         self._lock = threading.Lock()
         self.steps_applied = 0
 
@@ -144,7 +133,7 @@ class EmulatedChip:
                     for name in ("parameters",) + engine_rules.SLOT_NAMES[kind]
                 }
                 self.tables.append(
-                    _Table(
+                    ChipTable(
                         name=table.name,
                         vocabulary_size=table.vocabulary_size,
                         dim=table.dimension,
@@ -155,7 +144,7 @@ class EmulatedChip:
                 )
         return tf.no_op()
 
-    def _table(self, name: str) -> _Table:
+    def _table(self, name: str) -> ChipTable:
         for table in self.tables:
             if table.name == name:
                 return table
@@ -167,7 +156,7 @@ class EmulatedChip:
             table_name: str,
             num_shards: int,
             shard_id: int,
-            config: Any = None,
+            config: SerializedConfig = None,
             table_id: int = -1,
             name: str | None = None,
             **values: Tensor,
@@ -192,7 +181,7 @@ class EmulatedChip:
             table_name: str,
             num_shards: int,
             shard_id: int,
-            config: Any = None,
+            config: SerializedConfig = None,
             table_id: int = -1,
             name: str | None = None,
         ) -> Any:
@@ -215,7 +204,7 @@ class EmulatedChip:
         run) of a graph. Keras' predict with `steps_per_execution > 1`
         runs several in one graph, each with its own enqueue."""
         context = distribute_lib.get_replica_context()
-        replica = getattr(context, "_replica_id_in_sync_group", 0)
+        replica = replica_index(context)
         graph = tf.compat.v1.get_default_graph()
         program = id(tpu_util.enclosing_tpu_context())
         return id(graph), program, int(replica)
@@ -256,7 +245,7 @@ class EmulatedChip:
                     "emulated chip: a second enqueue in one step of one "
                     "replica; the engine is fed once per step."
                 )
-            self._enqueued[key] = _Enqueued(
+            self._enqueued[key] = Enqueued(
                 ids=[tf.cast(i, tf.int64) for i in embedding_indices],
                 positions=[
                     None if kind == "dense" else p
@@ -268,14 +257,22 @@ class EmulatedChip:
             )
         return tf.no_op()
 
-    def _features(self) -> list[tuple[int, _Table, list[int]]]:
+    def _features(self) -> list[tuple[int, ChipTable, list[int]]]:
+        if self.config is None:
+            raise RuntimeError(
+                "emulated chip: activations asked before "
+                "configure_tpu_embedding"
+            )
         return [
             (f.table_id, self.tables[f.table_id], list(f.input_shape))
             for f in self.config.feature_descriptor
         ]
 
     def recv_activations(
-        self, num_outputs: int, config: Any = None, name: str | None = None
+        self,
+        num_outputs: int,
+        config: SerializedConfig = None,
+        name: str | None = None,
     ) -> list[Tensor]:
         key = self._replica_key()
         batch = self._enqueued.get(key)
@@ -285,14 +282,14 @@ class EmulatedChip:
             )
         outputs = []
         for index, (table_id, table, shape) in enumerate(self._features()):
-            cells, scale = _cells_and_scales(
+            cells, scale = cells_and_scales(
                 batch, index, shape, batch.combiners[table_id]
             )
             batch.cells.append(cells)
             batch.scales.append(scale)
-            ids = _checked_ids(batch.ids[index], table)
+            ids = checked_ids(batch.ids[index], table)
             rows = tf.gather(table.variables["parameters"], ids)
-            num_cells = _product(shape)
+            num_cells = cells_in(shape)
             combined = tf.math.unsorted_segment_sum(
                 rows * scale[:, tf.newaxis], cells, num_cells
             )
@@ -308,7 +305,7 @@ class EmulatedChip:
         self,
         inputs: list[Tensor],
         learning_rates: list[Tensor],
-        config: Any = None,
+        config: SerializedConfig = None,
         name: str | None = None,
     ) -> Any:
         """Row gradients of this replica, applied once for all replicas."""
@@ -323,7 +320,7 @@ class EmulatedChip:
             gradient = tf.reshape(inputs[index], [-1, table.dim])
             rows = tf.gather(gradient, batch.cells[index])
             rows = rows * batch.scales[index][:, tf.newaxis]
-            ids = _checked_ids(batch.ids[index], table)
+            ids = checked_ids(batch.ids[index], table)
             per_table.setdefault(table.name, []).append((ids, rows))
         payload = {
             name: (
@@ -362,113 +359,6 @@ class EmulatedChip:
                 continue
             ids = tf.concat([ids for ids, _ in parts], 0)
             rows = tf.concat([rows for _, rows in parts], 0)
-            updates += _apply_table(table, ids, rows, rates)
+            updates += apply_table(table, ids, rows, rates)
         with tf.control_dependencies(updates):
             return tf.no_op()
-
-
-def _product(shape: list[int]) -> int:
-    total = 1
-    for size in shape:
-        total *= size
-    return total
-
-
-def _checked_ids(ids: Tensor, table: _Table) -> Tensor:
-    in_range = tf.reduce_all(
-        tf.logical_and(ids >= 0, ids < table.vocabulary_size)
-    )
-    check = tf.debugging.Assert(
-        in_range,
-        [
-            f"emulated chip: an id outside [0, {table.vocabulary_size}) "
-            f"reached table '{table.name}'; the engine has no rule for it",
-        ],
-    )
-    with tf.control_dependencies([check]):
-        return tf.identity(ids)
-
-
-def _cells_and_scales(
-    batch: _Enqueued, index: int, shape: list[int], combiner: str
-) -> tuple[Tensor, Tensor]:
-    """Each id's output cell (flat) and its weight over the normalizer.
-
-    Ids past a sequence feature's length are truncated: their weight is 0.
-    """
-    ids = batch.ids[index]
-    count = tf.shape(ids, out_type=tf.int64)[0]
-    kind = batch.kinds[index]
-    positions = batch.positions[index]
-    sequence = len(shape) > 1
-    length = shape[-1] if sequence else 1
-    if kind == "dense":
-        cells = tf.range(count)
-    elif kind == "sparse":
-        indices = tf.cast(positions, tf.int64)
-        if sequence:
-            cells = indices[:, 0] * length + indices[:, 1]
-            cells = tf.where(indices[:, 1] < length, cells, -1)
-        else:
-            cells = indices[:, 0]
-    else:
-        splits = tf.cast(positions, tf.int64)
-        rows = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
-        if sequence:
-            position = tf.range(count) - tf.gather(splits, rows)
-            cells = tf.where(position < length, rows * length + position, -1)
-        else:
-            cells = rows
-    weights = batch.weights[index]
-    weights = tf.ones([count]) if weights is None else weights
-    weights = tf.where(cells >= 0, weights, 0.0)
-    num_cells = _product(shape)
-    safe_cells = tf.maximum(cells, 0)
-    if combiner == "sum":
-        scale = weights
-    elif combiner == "mean":
-        total = tf.math.unsorted_segment_sum(weights, safe_cells, num_cells)
-        scale = tf.math.divide_no_nan(weights, tf.gather(total, safe_cells))
-    else:
-        total = tf.math.unsorted_segment_sum(
-            weights * weights, safe_cells, num_cells
-        )
-        scale = tf.math.divide_no_nan(
-            weights, tf.sqrt(tf.gather(total, safe_cells))
-        )
-    return safe_cells, scale
-
-
-def _apply_table(
-    table: _Table, ids: Tensor, rows: Tensor, rates: list[Tensor]
-) -> list[Any]:
-    parameters = table.parameters
-    rate = engine_rules.learning_rate(parameters, rates)
-    unique, slot_of = tf.unique(ids)
-    gradient = tf.math.unsorted_segment_sum(rows, slot_of, tf.shape(unique)[0])
-    variables = table.variables
-    names = ("parameters",) + engine_rules.SLOT_NAMES[table.kind]
-    dense = table.kind == "adam" and parameters.adam.use_non_lazy_adam
-    if dense:
-        gradient = tf.scatter_nd(
-            unique[:, tf.newaxis],
-            gradient,
-            tf.constant([table.vocabulary_size, table.dim], tf.int64),
-        )
-        old = {n: variables[n].read_value() for n in names}
-    else:
-        old = {n: tf.gather(variables[n], unique) for n in names}
-    new_rows, new_slots = engine_rules.step(
-        parameters,
-        old["parameters"],
-        {n: old[n] for n in names[1:]},
-        gradient,
-        rate,
-    )
-    new = {"parameters": new_rows, **new_slots}
-    if dense:
-        return [variables[n].assign(new[n]) for n in names]
-    return [
-        variables[n].scatter_update(tf.IndexedSlices(new[n], unique))
-        for n in names
-    ]

@@ -18,6 +18,7 @@ from typing import Sequence
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.columns import to_embedding_columns
+from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup.initialization import EngineInitializer
 from keras_tpu_embed.lookup.tables import group_into_tables
@@ -26,7 +27,7 @@ from keras_tpu_embed.optimizers.embedding_step import engine_optimizer
 
 
 def to_tpu_feature_configs(
-    columns: Sequence[Any],
+    columns: Sequence[EmbeddingColumnLike],
     config: EmbeddingConfig | None = None,
     step: Any = None,
 ) -> dict[str, Any]:

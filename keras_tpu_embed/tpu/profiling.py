@@ -17,11 +17,13 @@ import json
 import math
 import os
 from typing import Any
+from typing import Sequence
 
 import numpy as np
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
+from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import SUPPORTED_PARTITION_STRATEGIES
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.lookup.tables import group_into_tables
@@ -47,7 +49,7 @@ def shard_of(
 
 def profile_lookups(
     dataset: tf.data.Dataset,
-    columns: Any,
+    columns: Sequence[EmbeddingColumnLike] | TPUEmbeddingLayer,
     directory: str | None = None,
     num_batches: int = 10,
     num_shards: int = 8,
