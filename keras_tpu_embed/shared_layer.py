@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 from typing import Sequence
 
+from keras_tpu_embed._compat import tf_feature_column_v2
 from keras_tpu_embed.columns import AnyEmbeddingColumn
+from keras_tpu_embed.columns import CategoricalColumn
 from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.columns import shared_embedding_columns
 from keras_tpu_embed.columns import to_embedding_columns
@@ -54,7 +56,12 @@ class SharedTPUEmbedding(TPUEmbeddingLayer):
 
     def __init__(
         self,
-        columns: Sequence[Any],
+        # `tf.feature_column` forms are converted (`to_embedding_columns`).
+        columns: Sequence[
+            AnyEmbeddingColumn
+            | CategoricalColumn
+            | tf_feature_column_v2.fc_types.FeatureColumn
+        ],
         config: EmbeddingConfig | None = None,
         serving_lookup_device: str | None = None,
         output: str = "dict",

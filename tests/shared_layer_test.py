@@ -1,5 +1,7 @@
 """`SharedTPUEmbedding` holds exactly one shared table."""
 
+import typing
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -29,3 +31,19 @@ def test_unshared_columns_and_several_tables_are_refused():
     )
     with pytest.raises(ValueError, match="holds one shared table"):
         kte.SharedTPUEmbedding(one + other)
+
+
+def test_columns_are_typed_as_the_kinds_it_takes():
+    """kte shared embedding columns, categorical columns (with `dimension`)
+    or their `tf.feature_column` forms: not `Any`."""
+    import keras_tpu_embed.shared_layer as module
+    from keras_tpu_embed._compat import tf_feature_column_v2
+
+    hints = typing.get_type_hints(kte.SharedTPUEmbedding.__init__, vars(module))
+    [kinds] = typing.get_args(hints["columns"])
+    assert set(typing.get_args(kinds)) == {
+        kte.columns.EmbeddingColumn,
+        kte.columns.SharedEmbeddingColumn,
+        kte.columns.CategoricalColumn,
+        tf_feature_column_v2.fc_types.FeatureColumn,
+    }

@@ -130,15 +130,19 @@ def test_training_rows_come_padded_and_dense_steps_get_them_cut():
     variable = tf.Variable(
         tf.reshape(tf.range(9 * DIM, dtype=tf.float32), [9, DIM])
     )
-    rows = lookup.training_rows(variable)
+    rows = lookup.training_rows({table.name: variable})[table.name]
     assert rows.shape[0] == 64
     gradient = tf.ones_like(rows)
-    lazy = lookup.update_arguments(gradient, updates_all_rows=False)
+    lazy = lookup.update_arguments(
+        {table.name: gradient}, updates_all_rows=False
+    )[table.name]
     assert int(lazy["count"]) == 2
     padded = lazy["unique_ids"].numpy()
     assert sorted(padded[:2]) == [1, 3] and not padded[2:].any()
     np.testing.assert_array_equal(rows, tf.gather(variable, padded))
-    dense = lookup.update_arguments(gradient, updates_all_rows=True)
+    dense = lookup.update_arguments(
+        {table.name: gradient}, updates_all_rows=True
+    )[table.name]
     assert "count" not in dense
     assert sorted(dense["unique_ids"].numpy()) == [1, 3]
     assert dense["gradient"].shape[0] == 2

@@ -15,10 +15,14 @@ and drops weights; this path supports "sqrtn", weights and sequences.
 from __future__ import annotations
 
 from typing import Any
-from typing import Callable
+from typing import Mapping
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.export import quantization
+from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
+from keras_tpu_embed.lookup.table_lookup import ScratchVariable
+from keras_tpu_embed.lookup.table_lookup import TableValues
+from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import clip_rows
 from keras_tpu_embed.preprocessing.ids import PADDING_ID
 from keras_tpu_embed.preprocessing.ids import check_ids_dtype
@@ -82,7 +86,9 @@ def finite_weights(key: str, weights: Tensor) -> Tensor:
         return tf.identity(weights)
 
 
-def gather_rows(table: Any, ids: Tensor, kept: Tensor | None = None) -> Tensor:
+def gather_rows(
+    table: TableValues, ids: Tensor, kept: Tensor | None = None
+) -> Tensor:
     """Rows for dense ids; padding reads row 0 (ids are clamped to 0).
 
     `table` is a variable or, in a quantized serving export, a
@@ -119,7 +125,7 @@ def summed_duplicates(
     gradients: Tensor,
     kept: Tensor,
     vocabulary_size: int,
-    scratch: Any = None,
+    scratch: ScratchVariable | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Static-shape deduplication for the engine's per-row update.
 
@@ -180,11 +186,15 @@ class DenseTableLookup:
     become a dense `[batch, width]` matrix. Device side (XLA-compilable):
     a range check, one gather for all of the table's columns, and the
     combiner. In training the gathered rows go through the gradient trap and
-    `update_arguments` deduplicates their gradients with static shapes.
+    `update_arguments` deduplicates their gradients with static shapes. A
+    `table_lookup.TableLookup`.
     """
 
     def __init__(
-        self, table: Any, features: dict[str, Tensor], return_lengths: bool
+        self,
+        table: TableSpec,
+        features: dict[str, Tensor],
+        return_lengths: bool,
     ) -> None:
         self.table = table
         self.lengths: dict[str, Tensor] = {}
@@ -237,14 +247,22 @@ class DenseTableLookup:
             [tf.reshape(self._kept[n], [-1]) for n in names], axis=0
         )
 
-    def training_rows(self, variable: Any) -> Tensor:
+    @property
+    def table_names(self) -> list[str]:
+        return [self.table.name]
+
+    def training_rows(
+        self, variables: Mapping[str, TableValues]
+    ) -> dict[str, Tensor]:
         """Every entry's row, `[entries, dim]` (zeros where not kept)."""
-        return gather_rows(variable, self._flat_ids, self._flat_kept)
+        variable = variables[self.table.name]
+        rows = gather_rows(variable, self._flat_ids, self._flat_kept)
+        return {self.table.name: rows}
 
     def outputs(
         self,
-        variable: Any,
-        trapped_rows: Tensor | None,
+        variables: Mapping[str, TableValues],
+        trapped_rows: Mapping[str, Tensor] | None = None,
         compiled: bool = False,
     ) -> dict[str, Tensor]:
         """Activations per column; `compiled` runs gather + combine in XLA.
@@ -255,13 +273,11 @@ class DenseTableLookup:
         columns = self.table.columns
         names = [c.name for c in columns]
         weights = [self._weights[name] for name in names]
+        variable = variables[self.table.name]
         if trapped_rows is not None:
+            trapped = trapped_rows[self.table.name]
             sizes = [tf.size(w) for w in weights]
-            parts = (
-                tf.split(trapped_rows, sizes)
-                if len(sizes) > 1
-                else [trapped_rows]
-            )
+            parts = tf.split(trapped, sizes) if len(sizes) > 1 else [trapped]
             return dict(zip(names, self._combine(parts, weights)))
 
         def device_part(*tensors: Tensor) -> list[Tensor]:
@@ -307,22 +323,43 @@ class DenseTableLookup:
 
     def update_arguments(
         self,
-        gradient: Tensor,
+        gradients: Mapping[str, Tensor],
         updates_all_rows: bool,
-        across_replicas: Callable[..., list[Tensor]] | None = None,
-        scratch: Any = None,
-    ) -> dict[str, Any]:
+        across_replicas: AcrossReplicas | None = None,
+        scratch: Mapping[str, ScratchVariable] | None = None,
+    ) -> dict[str, dict[str, Any]]:
         """`apply_update` keyword arguments for the entries' gradient.
 
         Args:
-            gradient: Every entry's gradient, `[entries, dim]`.
+            gradients: Every entry's gradient, `[entries, dim]`, under the
+                table's name (none: no update).
             updates_all_rows: Whether the optimizer's step is dense.
             across_replicas: Concatenates tensors over every replica (see
                 `lookup/replicas.py`): the entries of the global batch are
                 deduplicated together, with static shapes still.
-            scratch: The table's dedupe scratch variable (see
-                `summed_duplicates`), or `None` for a fresh one per step.
+            scratch: The table's dedupe scratch variable under its name
+                (see `summed_duplicates`); without one, a fresh one per step.
         """
+        name = self.table.name
+        if name not in gradients:
+            return {}
+        table_scratch = None if scratch is None else scratch.get(name)
+        return {
+            name: self._update_arguments(
+                gradients[name],
+                updates_all_rows,
+                across_replicas,
+                table_scratch,
+            )
+        }
+
+    def _update_arguments(
+        self,
+        gradient: Tensor,
+        updates_all_rows: bool,
+        across_replicas: AcrossReplicas | None,
+        scratch: ScratchVariable | None,
+    ) -> dict[str, Any]:
         ids = tf.maximum(self._flat_ids, 0)
         kept = self._flat_kept
         gradient = tf.where(kept[:, tf.newaxis], gradient, 0.0)

@@ -25,18 +25,26 @@ same ops on the same padded ids, only compiled together.
 
 Sequence lengths (`return_sequence_lengths`) and ragged or sparse ids keep
 the per-column path (`applies` says which calls are fused).
+`FusedHostLookup` is this lookup as a `table_lookup.TableLookup`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 from typing import Callable
+from typing import Mapping
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup.padded_host import PADDING_LIMIT
+from keras_tpu_embed.lookup.padded_host import PaddedHostLookup
 from keras_tpu_embed.lookup.padded_host import bucket
+from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
+from keras_tpu_embed.lookup.table_lookup import ScratchVariable
+from keras_tpu_embed.lookup.table_lookup import TableValues
+from keras_tpu_embed.lookup.table_lookup import refuse_training
 from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import clip_rows
 from keras_tpu_embed.preprocessing.ids import PADDING_ID
@@ -72,10 +80,72 @@ def applies(
     )
 
 
+class FusedHostLookup:
+    """Every table's `cpu` serving lookup for one call, in one program
+    (see module doc); for calls `applies` accepts.
+
+    A `table_lookup.TableLookup` that serves only: asked to train, it
+    raises `RuntimeError`. The one program is always XLA-compiled (that is
+    what it is for); `compiled` applies to the per-column fallback.
+    """
+
+    def __init__(
+        self, tables: Sequence[TableSpec], features: dict[str, Tensor]
+    ) -> None:
+        self.tables = list(tables)
+        self._features = features
+        # `applies` refuses calls that ask for sequence lengths.
+        self.lengths: dict[str, Tensor] = {}
+
+    @property
+    def table_names(self) -> list[str]:
+        return [table.name for table in self.tables]
+
+    def training_rows(
+        self, variables: Mapping[str, TableValues]
+    ) -> dict[str, Tensor]:
+        """Refused: serving only."""
+        refuse_training(self.tables, "fused host serving")
+
+    def update_arguments(
+        self,
+        gradients: Mapping[str, Tensor],
+        updates_all_rows: bool,
+        across_replicas: AcrossReplicas | None = None,
+        scratch: Mapping[str, ScratchVariable] | None = None,
+    ) -> dict[str, dict[str, Any]]:
+        """Refused: serving only."""
+        refuse_training(self.tables, "fused host serving")
+
+    def outputs(
+        self,
+        variables: Mapping[str, TableValues],
+        trapped_rows: Mapping[str, Tensor] | None = None,
+        compiled: bool = False,
+    ) -> dict[str, Tensor]:
+        """Every column's activation (serving only: no rows are trapped)."""
+        if trapped_rows is not None:
+            refuse_training(self.tables, "fused host serving")
+
+        def per_column() -> dict[str, Tensor]:
+            values: dict[str, Tensor] = {}
+            for table in self.tables:
+                lookup = PaddedHostLookup(table, self._features, False)
+                values.update(lookup.outputs(variables, compiled=compiled))
+            return values
+
+        return outputs(
+            self.tables,
+            self._features,
+            [variables[table.name] for table in self.tables],
+            per_column,
+        )
+
+
 def outputs(
     tables: Sequence[TableSpec],
     features: dict[str, Tensor],
-    variables: Sequence[Any],
+    variables: Sequence[TableValues],
     fallback: Callable[[], dict[str, Tensor]],
 ) -> dict[str, Tensor]:
     """Every column's activation: one program when the batch allows,
@@ -132,14 +202,17 @@ def outputs(
     return chosen
 
 
-def _matrices(column: Any, features: dict[str, Tensor]) -> list[Tensor]:
+def _matrices(
+    column: AnyEmbeddingColumn, features: dict[str, Tensor]
+) -> list[Tensor]:
     """A column's ids (and weights) as `[batch, n]` matrices, a sequence
     column's fit to `max_sequence_length`."""
     ids = check_ids_dtype(column.feature_key, features[column.feature_key])
     ids = ids[:, tf.newaxis] if ids.shape.rank == 1 else ids
     inputs = [ids]
     if column.weight_feature_key:
-        inputs.append(_weights(column, features, ids))
+        key = column.weight_feature_key
+        inputs.append(_weights(column, key, features, ids))
     if column.is_sequence:
         length = column.max_sequence_length
         pads = (PADDING_ID, 0.0)
@@ -148,7 +221,7 @@ def _matrices(column: Any, features: dict[str, Tensor]) -> list[Tensor]:
 
 
 def _width(
-    column: Any, ids: Tensor, shape: Tensor, size: Tensor
+    column: AnyEmbeddingColumn, ids: Tensor, shape: Tensor, size: Tensor
 ) -> tuple[int | Tensor, Tensor | None]:
     """The padded width (a Python int when the width is static) and
     whether padding fits (None when it always does)."""
@@ -169,11 +242,15 @@ def _width(
     return width, fit
 
 
-def _weights(column: Any, features: dict[str, Tensor], ids: Tensor) -> Tensor:
-    """The column's weights as a float32 matrix, after the dtype, rank and
-    shape checks `ids.to_id_batch` makes (its finite check is in the
-    program)."""
-    key = column.weight_feature_key
+def _weights(
+    column: AnyEmbeddingColumn,
+    key: str,
+    features: dict[str, Tensor],
+    ids: Tensor,
+) -> Tensor:
+    """The column's weights (feature `key`) as a float32 matrix, after the
+    dtype, rank and shape checks `ids.to_id_batch` makes (its finite check
+    is in the program)."""
     weights = features[key]
     if not (weights.dtype.is_floating or weights.dtype.is_integer):
         raise TypeError(
@@ -195,7 +272,7 @@ def _weights(column: Any, features: dict[str, Tensor], ids: Tensor) -> Tensor:
 
 
 def _program(
-    plan: list[tuple[TableSpec, Any, Any]],
+    plan: list[tuple[TableSpec, AnyEmbeddingColumn, TableValues]],
 ) -> Callable[[list[list[Tensor]]], tuple[list[Tensor], Tensor]]:
     """One XLA computation: every column's lookup and one flag, true when
     every id is in range and every weight finite."""

@@ -31,6 +31,7 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_stateless_scope
 from keras_tpu_embed._compat import keras_random_seed
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.types import InitializerLike
 from keras_tpu_embed.types import Tensor
 
 BLOCK_BYTES = 64 * 2**20
@@ -47,7 +48,7 @@ _ELEMENTWISE_CONSTANT = (
 )
 
 
-def fills_by_blocks(initializer: Any) -> bool:
+def fills_by_blocks(initializer: InitializerLike) -> bool:
     """Whether `initializer` may be applied one block of rows at a time."""
     if type(initializer) in _ELEMENTWISE_CONSTANT:
         return True
@@ -100,7 +101,7 @@ def create_table(
     layer: keras.layers.Layer,
     name: str,
     shape: tuple[int, int],
-    initializer: Any,
+    initializer: InitializerLike,
 ) -> Any:
     """`layer.add_weight` for a non-trainable float32 table, filled cheaply.
 
@@ -130,14 +131,14 @@ def create_table(
     return variable
 
 
-def _is_zero(initializer: Any) -> bool:
+def _is_zero(initializer: InitializerLike) -> bool:
     return type(initializer) is keras.initializers.Zeros or (
         type(initializer) is keras.initializers.Constant
-        and initializer.value == 0
+        and getattr(initializer, "value", None) == 0
     )
 
 
-def fill_by_blocks(variable: Any, initializer: Any) -> None:
+def fill_by_blocks(variable: Any, initializer: InitializerLike) -> None:
     """Overwrites a rank-2 `variable` block by block with `initializer`."""
     with tf.init_scope():
         target = variable.value if hasattr(variable, "value") else variable
@@ -183,7 +184,7 @@ class EngineInitializer(keras.initializers.Initializer):  # type: ignore[misc]
     True
     """
 
-    def __init__(self, initializer: Any) -> None:
+    def __init__(self, initializer: InitializerLike) -> None:
         self.initializer = initializer
 
     def __call__(
@@ -221,7 +222,7 @@ class EngineInitializer(keras.initializers.Initializer):  # type: ignore[misc]
 
 
 def table_rows(
-    initializer: Any,
+    initializer: InitializerLike,
     shape: tuple[int, int],
     start: int,
     count: int,
@@ -259,14 +260,14 @@ def table_rows(
     return initializer(shape, dtype=dtype)[start : start + count]
 
 
-def _row_independent(initializer: Any) -> bool:
+def _row_independent(initializer: InitializerLike) -> bool:
     if type(initializer) in _ELEMENTWISE_CONSTANT + (keras.initializers.Zeros,):
         value = getattr(initializer, "value", 0.0)
         return bool(tf.rank(value) == 0)
     return False
 
 
-def _draws_statelessly(initializer: Any, dtype: Any) -> bool:
+def _draws_statelessly(initializer: InitializerLike, dtype: Any) -> bool:
     return (
         type(initializer) in _ELEMENTWISE_RANDOM
         and type(getattr(initializer, "seed", None)) is int
@@ -292,7 +293,12 @@ _GROUP = 4
 
 
 def _stateless_rows(
-    initializer: Any, dimension: int, start: int, count: int, dtype: Any
+    # One of `_RAW_KERNELS`' Keras initializers (`_draws_statelessly`).
+    initializer: keras.initializers.Initializer,
+    dimension: int,
+    start: int,
+    count: int,
+    dtype: Any,
 ) -> Tensor:
     """The rows Keras' stateless draw of the whole table has there.
 

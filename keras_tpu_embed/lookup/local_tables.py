@@ -6,11 +6,11 @@ not touch them). Each call looks a table up on the device of the phase: the
 sparse lookup (`sparse.py`) or the dense XLA lookup (`dense_xla.py`); a
 serving trace on the host pads and compiles where it can (`padded_host.py`;
 all columns in one program when every column's ids are dense,
-`fused_host.py`),
-reading quantized copies of the tables if the export asks (`serving_tables`,
-`export/quantization.py`). In a training call the gathered rows pass
-through the gradient trap (`gradient_trap.py`), whose backward pass applies
-the embedding optimizer's step to the touched rows
+`fused_host.py`). Every lookup is a `table_lookup.TableLookup`, called
+the same way; each reads quantized copies of the tables if the export asks
+(`serving_tables`, `export/quantization.py`). In a training call the
+gathered rows pass through the gradient trap (`gradient_trap.py`), whose
+backward pass applies the embedding optimizer's step to the touched rows
 (`optimizers/embedding_step.py` for the config's rules,
 `optimizers.row_update` for the optimizer's), then counts the step.
 Under a replicated strategy the rows' gradients of every replica are
@@ -37,6 +37,8 @@ from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.devices import training_device
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
+from keras_tpu_embed.lookup.table_lookup import TableLookup
+from keras_tpu_embed.lookup.table_lookup import TableValues
 from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.optimizers import apply_update
 from keras_tpu_embed.optimizers import embedding_step as update_rules
@@ -163,68 +165,71 @@ class LocalTables:
         self, features: dict[str, Tensor], phase: Phase
     ) -> Activations:
         """Looks every table up; in training, its rows go through the trap."""
-        fused = self._fused_serving(features, phase)
-        if fused is not None:
-            return fused
-        lookups = [
-            self._lookup(table, features, phase.devices[table.name], phase)
-            for table in self.tables
-        ]
-        variables = [self._variables[t.name].value for t in self.tables]
+        lookups = self.lookups(features, phase)
+        variables: dict[str, TableValues] = {
+            t.name: self._variables[t.name].value for t in self.tables
+        }
         if phase.serving:
-            variables = [
-                self.serving_tables.get(t.name, variable)
-                for t, variable in zip(self.tables, variables)
-            ]
-        trapped: list[Any] = [None] * len(lookups)
+            variables = {
+                name: self.serving_tables.get(name, variable)
+                for name, variable in variables.items()
+            }
+        trapped: dict[str, Tensor] | None = None
         if phase.training and lookups:
-            rows = [
-                lookup.training_rows(variable)
-                for lookup, variable in zip(lookups, variables)
-            ]
+            rows: dict[str, Tensor] = {}
+            for lookup in lookups:
+                rows.update(lookup.training_rows(variables))
+            names = list(rows)
 
             def apply_gradients(gradients: list[Tensor]) -> Tensor:
-                return self._apply_gradients(lookups, gradients)
+                return self._apply_gradients(
+                    lookups, dict(zip(names, gradients))
+                )
 
-            trapped = trap_gradients(rows, self._trigger.value, apply_gradients)
+            trapped = dict(
+                zip(
+                    names,
+                    trap_gradients(
+                        list(rows.values()),
+                        self._trigger.value,
+                        apply_gradients,
+                    ),
+                )
+            )
         values: dict[str, Tensor] = {}
         lengths: dict[str, Tensor] = {}
-        for lookup, variable, table_rows in zip(lookups, variables, trapped):
+        for lookup in lookups:
             values.update(
-                lookup.outputs(variable, table_rows, compiled=phase.serving)
+                lookup.outputs(variables, trapped, compiled=phase.serving)
             )
             lengths.update(lookup.lengths)
         return Activations(values=values, lengths=lengths)
 
-    def _fused_serving(
+    def lookups(
         self, features: dict[str, Tensor], phase: Phase
-    ) -> Activations | None:
-        """Serving on the host with every column's ids dense: one compiled
-        program for all of them (`fused_host.py`); None otherwise."""
-        if not phase.serving or phase.training:
-            return None
-        host = [
-            t for t in self.tables if phase.devices[t.name] is LookupDevice.CPU
-        ]
-        if len(host) != len(self.tables) or not fused_host.applies(
-            host, features, self.return_sequence_lengths
-        ):
-            return None
-        variables = [
-            self.serving_tables.get(t.name, self._variables[t.name].value)
-            for t in host
-        ]
+    ) -> list[TableLookup]:
+        """The lookups of one call, covering every table once, in order.
 
-        def per_column() -> dict[str, Tensor]:
-            values: dict[str, Tensor] = {}
-            for table, variable in zip(host, variables):
-                lookup = padded_host.PaddedHostLookup(table, features, False)
-                values.update(lookup.outputs(variable, compiled=True))
-            return values
-
-        return Activations(
-            values=fused_host.outputs(host, features, variables, per_column)
+        Serving on the host with every column's ids dense takes one
+        compiled program for all of them (`fused_host.py`); otherwise each
+        table takes the lookup of its device and phase.
+        """
+        on_host = all(
+            phase.devices[t.name] is LookupDevice.CPU for t in self.tables
         )
+        if (
+            phase.serving
+            and not phase.training
+            and on_host
+            and fused_host.applies(
+                self.tables, features, self.return_sequence_lengths
+            )
+        ):
+            return [fused_host.FusedHostLookup(self.tables, features)]
+        return [
+            self._lookup(table, features, phase.devices[table.name], phase)
+            for table in self.tables
+        ]
 
     def _lookup(
         self,
@@ -232,7 +237,7 @@ class LocalTables:
         features: dict[str, Tensor],
         device: LookupDevice,
         phase: Phase,
-    ) -> Any:
+    ) -> TableLookup:
         if device is LookupDevice.TPU_TENSOR_CORE:
             return dense_xla.DenseTableLookup(
                 table, features, self.return_sequence_lengths
@@ -248,7 +253,7 @@ class LocalTables:
         )
 
     def _apply_gradients(
-        self, lookups: list[Any], gradients: list[Tensor]
+        self, lookups: list[TableLookup], gradients: dict[str, Tensor]
     ) -> Tensor:
         """Every table's update, then the step count; returns a number
         computed after all of them (the trap's data dependency)."""
@@ -256,17 +261,20 @@ class LocalTables:
         optimizer = config.optimizer
         step = self._step.value
         across_replicas = replicas.row_gradient_gather()
+        by_table = {
+            name: lookup for lookup in lookups for name in lookup.table_names
+        }
         updates = []
-        for table, lookup, gradient in zip(self.tables, lookups, gradients):
+        for table in self.tables:
             if not table.trainable:
                 continue
-            scratch = self._scratch.get(table.name)
+            lookup = by_table[table.name]
             arguments = lookup.update_arguments(
-                gradient,
+                {table.name: gradients[table.name]},
                 optimizer.updates_all_rows(),
                 across_replicas=across_replicas,
-                **({} if scratch is None else {"scratch": scratch}),
-            )
+                scratch=self._scratch,
+            )[table.name]
             arguments["gradient"] = update_rules.scale_and_clip(
                 arguments["gradient"], config, step
             )

@@ -25,11 +25,19 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from typing import Callable
+from typing import Mapping
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.export import quantization
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup import sparse
+from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
+from keras_tpu_embed.lookup.table_lookup import ScratchVariable
+from keras_tpu_embed.lookup.table_lookup import TableValues
+from keras_tpu_embed.lookup.table_lookup import refuse_training
+from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import clip_rows
 from keras_tpu_embed.preprocessing.ids import PADDING_ID
 from keras_tpu_embed.preprocessing.ids import IdBatch
@@ -65,10 +73,17 @@ def bucket(size: Tensor) -> Tensor:
 
 
 class PaddedHostLookup:
-    """One table's `cpu` serving lookup for one call (see module doc)."""
+    """One table's `cpu` serving lookup for one call (see module doc).
+
+    A `table_lookup.TableLookup` that serves only: asked to train, it
+    raises `RuntimeError`.
+    """
 
     def __init__(
-        self, table: Any, features: dict[str, Tensor], return_lengths: bool
+        self,
+        table: TableSpec,
+        features: dict[str, Tensor],
+        return_lengths: bool,
     ) -> None:
         self.table = table
         self._features = features
@@ -77,21 +92,44 @@ class PaddedHostLookup:
             table, features, return_lengths
         )
 
+    @property
+    def table_names(self) -> list[str]:
+        return [self.table.name]
+
+    def training_rows(
+        self, variables: Mapping[str, TableValues]
+    ) -> dict[str, Tensor]:
+        """Refused: serving only."""
+        refuse_training([self.table], "host serving")
+
+    def update_arguments(
+        self,
+        gradients: Mapping[str, Tensor],
+        updates_all_rows: bool,
+        across_replicas: AcrossReplicas | None = None,
+        scratch: Mapping[str, ScratchVariable] | None = None,
+    ) -> dict[str, dict[str, Any]]:
+        """Refused: serving only."""
+        refuse_training([self.table], "host serving")
+
     def outputs(
         self,
-        variable: Any,
-        trapped_rows: Tensor | None = None,
-        compiled: bool = True,
+        variables: Mapping[str, TableValues],
+        trapped_rows: Mapping[str, Tensor] | None = None,
+        compiled: bool = False,
     ) -> dict[str, Tensor]:
         """Activations per column (serving only: no rows are trapped)."""
         if trapped_rows is not None:
-            raise ValueError("PaddedHostLookup serves; it does not train.")
+            refuse_training([self.table], "host serving")
+        variable = variables[self.table.name]
         return {
             column.name: self._column(variable, column, compiled)
             for column in self.table.columns
         }
 
-    def _column(self, variable: Any, column: Any, compiled: bool) -> Tensor:
+    def _column(
+        self, variable: TableValues, column: AnyEmbeddingColumn, compiled: bool
+    ) -> Tensor:
         if _is_dense(self._features[column.feature_key]):
             if column.is_sequence:
                 return self._dense_column(variable, column, compiled)
@@ -105,7 +143,7 @@ class PaddedHostLookup:
             )
         return self._compacted_column(variable, column, compiled)
 
-    def _dense_fits(self, column: Any) -> Tensor:
+    def _dense_fits(self, column: AnyEmbeddingColumn) -> Tensor:
         """Whether dense ids padded as sent are within `PADDING_LIMIT`."""
         ids = _as_matrix(self._features[column.feature_key])
         shape = tf.shape(ids, out_type=tf.int64)
@@ -115,7 +153,7 @@ class PaddedHostLookup:
         ) <= PADDING_LIMIT * tf.maximum(entries, shape[0])
 
     def _compacted_column(
-        self, variable: Any, column: Any, compiled: bool
+        self, variable: TableValues, column: AnyEmbeddingColumn, compiled: bool
     ) -> Tensor:
         table = self.table
         batch = self._batches[column.name]
@@ -151,7 +189,7 @@ class PaddedHostLookup:
         return tf.cond(fits, padded, unpadded)
 
     def _dense_column(
-        self, variable: Any, column: Any, compiled: bool
+        self, variable: TableValues, column: AnyEmbeddingColumn, compiled: bool
     ) -> Tensor:
         """Ids already dense, padded with -1: padded further to powers of
         two, never compacted (they are the batch as it was sent)."""
@@ -236,7 +274,10 @@ def worth_padding(
 
 
 def _valid_ids(
-    ids: Tensor, table: Any, column: Any, keep_padding: bool
+    ids: Tensor,
+    table: TableSpec,
+    column: AnyEmbeddingColumn,
+    keep_padding: bool,
 ) -> Tensor:
     """`ids` mapped by the column's `default_value`, then checked in range."""
     ids = map_to_default(
@@ -254,7 +295,12 @@ def _valid_ids(
     )
 
 
-def _device_part(table: Any, column: Any, variable: Any, compiled: bool) -> Any:
+def _device_part(
+    table: TableSpec,
+    column: AnyEmbeddingColumn,
+    variable: TableValues,
+    compiled: bool,
+) -> Callable[..., Tensor]:
     """Gather + combine of dense `[batch, width]` ids (and weights), one
     XLA computation when `compiled`."""
     combiner = column.combiner
@@ -270,12 +316,17 @@ def _device_part(table: Any, column: Any, variable: Any, compiled: bool) -> Any:
         return dense_xla.pooled(rows, factor, combiner)
 
     if compiled:
-        return tf.function(device, jit_compile=True, autograph=False)
+        compiled_device: Callable[..., Tensor]
+        compiled_device = tf.function(device, jit_compile=True, autograph=False)
+        return compiled_device
     return device
 
 
 def _sparse_column(
-    variable: Any, table: Any, column: Any, batch: IdBatch
+    variable: TableValues,
+    table: TableSpec,
+    column: AnyEmbeddingColumn,
+    batch: IdBatch,
 ) -> Tensor:
     """The sparse serving lookup of one column (`SparseTableLookup`'s)."""
     batch = prepare_for_lookup(

@@ -11,10 +11,14 @@ come out `[batch, max_sequence_length, dim]`, zero-padded.
 from __future__ import annotations
 
 from typing import Any
-from typing import Callable
+from typing import Mapping
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.export import quantization
+from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
+from keras_tpu_embed.lookup.table_lookup import ScratchVariable
+from keras_tpu_embed.lookup.table_lookup import TableValues
+from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import clip_rows
 from keras_tpu_embed.optimizers import compiled_rows
 from keras_tpu_embed.preprocessing.ids import IdBatch
@@ -171,7 +175,7 @@ def sequence_lengths(batch: IdBatch, max_length: int) -> Tensor:
 
 
 def read_batches(
-    table: Any, features: dict[str, Tensor], return_lengths: bool
+    table: TableSpec, features: dict[str, Tensor], return_lengths: bool
 ) -> tuple[dict[str, IdBatch], dict[str, Tensor]]:
     """Each column's ids (and weights) as an `IdBatch`, checked (dtypes,
     ranks, shapes, finite weights); and, if asked, each sequence column's
@@ -197,13 +201,16 @@ def read_batches(
 class SparseTableLookup:
     """One table's host lookup for one call: validate, gather, combine.
 
-    Training gathers each distinct row once (`training_rows`); those rows
-    pass through the gradient trap, and `update_arguments` turns their
-    gradient into the optimizer's inputs.
+    A `table_lookup.TableLookup`. Training gathers each distinct row once
+    (`training_rows`); those rows pass through the gradient trap, and
+    `update_arguments` turns their gradient into the optimizer's inputs.
     """
 
     def __init__(
-        self, table: Any, features: dict[str, Tensor], return_lengths: bool
+        self,
+        table: TableSpec,
+        features: dict[str, Tensor],
+        return_lengths: bool,
     ) -> None:
         self.table = table
         self.batches: dict[str, IdBatch] = {}
@@ -223,7 +230,13 @@ class SparseTableLookup:
         self._rows: Tensor | None = None
         self._index: dict[str, Tensor] = {}
 
-    def training_rows(self, variable: Any) -> Tensor:
+    @property
+    def table_names(self) -> list[str]:
+        return [self.table.name]
+
+    def training_rows(
+        self, variables: Mapping[str, TableValues]
+    ) -> dict[str, Tensor]:
         """The distinct rows the batch reads, padded: `[size, dim]`.
 
         The first `n_unique` are the batch's distinct rows; row 0 pads them
@@ -247,28 +260,30 @@ class SparseTableLookup:
             unique, compiled_rows.padded_size(self._count)
         )
         self._index = dict(zip(names, parts))
-        self._rows = tf.gather(variable, self._unique_ids)
-        return self._rows
+        self._rows = tf.gather(variables[self.table.name], self._unique_ids)
+        return {self.table.name: self._rows}
 
     def outputs(
         self,
-        variable: Any,
-        trapped_rows: Tensor | None,
+        variables: Mapping[str, TableValues],
+        trapped_rows: Mapping[str, Tensor] | None = None,
         compiled: bool = False,
     ) -> dict[str, Tensor]:
         """Activations per column (`compiled` is ignored: sparse ops)."""
         outputs = {}
         padded = None
         max_norm = self.table.max_norm
+        variable = variables[self.table.name]
+        trapped = (
+            None if trapped_rows is None else trapped_rows[self.table.name]
+        )
         # Clipping the distinct rows clips every entry's row (legacy clips
         # per entry, after the gather); the trap's gradient is the
         # unclipped rows', so the update sees the clip's derivative.
-        trapped_rows = (
-            None if trapped_rows is None else clip_rows(trapped_rows, max_norm)
-        )
+        trapped = None if trapped is None else clip_rows(trapped, max_norm)
         for column in self.table.columns:
             batch = self.batches[column.name]
-            if trapped_rows is None:
+            if trapped is None:
                 # Serving: each entry's row straight from the table.
                 source = clip_rows(
                     quantization.gather(variable, batch.ids), max_norm
@@ -276,9 +291,9 @@ class SparseTableLookup:
                 index = tf.range(tf.size(batch.ids))
                 padded_source = None
             else:
-                source, index = trapped_rows, self._index[column.name]
+                source, index = trapped, self._index[column.name]
                 if column.is_sequence and batch.row_major and padded is None:
-                    padded = with_zero_row(trapped_rows)
+                    padded = with_zero_row(trapped)
                 padded_source = padded
             if column.is_sequence:
                 outputs[column.name] = sequence(
@@ -297,20 +312,38 @@ class SparseTableLookup:
 
     def update_arguments(
         self,
-        gradient: Tensor,
+        gradients: Mapping[str, Tensor],
         updates_all_rows: bool,
-        across_replicas: Callable[..., list[Tensor]] | None = None,
-    ) -> dict[str, Any]:
+        across_replicas: AcrossReplicas | None = None,
+        scratch: Mapping[str, ScratchVariable] | None = None,
+    ) -> dict[str, dict[str, Any]]:
         """`apply_update` keyword arguments for the trapped rows' gradient.
 
         Args:
-            gradient: The gradient of the padded distinct rows, `[size, dim]`.
+            gradients: The gradient of the padded distinct rows,
+                `[size, dim]`, under the table's name (none: no update).
             updates_all_rows: Whether the optimizer's step is dense; it then
                 gets the distinct rows without padding.
             across_replicas: Concatenates tensors over every replica (see
                 `lookup/replicas.py`); the rows of the global batch are then
                 deduplicated again and their gradients summed.
+            scratch: Not read: the distinct rows come from `tf.unique`,
+                which needs no scratch.
         """
+        if self.table.name not in gradients:
+            return {}
+        return {
+            self.table.name: self._update_arguments(
+                gradients[self.table.name], updates_all_rows, across_replicas
+            )
+        }
+
+    def _update_arguments(
+        self,
+        gradient: Tensor,
+        updates_all_rows: bool,
+        across_replicas: AcrossReplicas | None,
+    ) -> dict[str, Any]:
         if across_replicas is None and not updates_all_rows:
             return {
                 "unique_ids": self._unique_ids,

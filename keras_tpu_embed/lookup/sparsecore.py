@@ -53,7 +53,9 @@ _WHAT_WORKS = (
 )
 
 
-def _table_problems(table: Any, config: EmbeddingConfig) -> list[str]:
+def _table_problems(
+    table: tf.tpu.experimental.embedding.TableConfig, config: EmbeddingConfig
+) -> list[str]:
     """What `TPUEmbeddingV2` would ignore or refuse in one `TableConfig`."""
     optimizer = table.optimizer
     kind = type(optimizer).__name__
@@ -160,7 +162,9 @@ def refuse_what_sparse_core_cannot_honour(
             "(the default)."
         )
     features = to_tpu_feature_configs(columns, config, step=step)
-    by_table: dict[str, tuple[Any, list[str]]] = {}
+    by_table: dict[
+        str, tuple[tf.tpu.experimental.embedding.TableConfig, list[str]]
+    ] = {}
     for name, feature in features.items():
         entry = by_table.setdefault(feature.table.name, (feature.table, []))
         entry[1].append(name)
@@ -181,7 +185,9 @@ def refuse_what_sparse_core_cannot_honour(
         )
 
 
-def _output_shape(feature: Any, batch: int) -> list[int]:
+def _output_shape(
+    feature: tf.tpu.experimental.embedding.FeatureConfig, batch: int
+) -> list[int]:
     """Per replica: `[batch]`, or `[batch, max_sequence_length]` for a
     sequence feature (one sample per position, see `_positions_as_samples`).
     """
@@ -227,7 +233,9 @@ def _positions_as_samples(
     )
 
 
-def _truncate_sequences_in_preprocessing(mid_level: Any) -> None:
+def _truncate_sequences_in_preprocessing(
+    mid_level: tf.tpu.experimental.embedding.TPUEmbeddingV2,
+) -> None:
     """Makes `mid_level` feed sequence features one sample per position.
 
     `TPUEmbeddingV2.enqueue` runs its host preprocessing,

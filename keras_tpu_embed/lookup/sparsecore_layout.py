@@ -22,19 +22,57 @@ un-shards an unstacked table the same way
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
+from typing import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_nest
 from keras_tpu_embed._compat import tf_tpu_embedding_v3
 from keras_tpu_embed._compat import tf_tpu_embedding_v3_utils
+from keras_tpu_embed.types import Tensor
+
+
+class TableLayout(Protocol):
+    """What this module reads of TF's `SparseCoreTableLayout` (a proto in
+    `tpu_embedding_v3_utils`): where one table sits in its stack."""
+
+    @property
+    def table_name(self) -> str: ...
+
+    @property
+    def stacked_table_name(self) -> str: ...
+
+    @property
+    def num_sparse_cores(self) -> int: ...
+
+    @property
+    def total_rows_per_sparse_core_shard(self) -> int: ...
+
+    @property
+    def sparse_core_shard_row_offset(self) -> int: ...
+
+    @property
+    def sparse_core_shard_rotation(self) -> int: ...
+
+    @property
+    def unsharded_shape(self) -> Sequence[int]: ...
+
+    @property
+    def unsharded_padded_shape(self) -> Sequence[int]: ...
+
+
+StackedValue = Tensor
+"""A stacked variable's value: a `tf.Tensor` or a numpy array."""
 
 
 def stacking_layouts(
-    feature_configs: dict[str, Any], partitions: int, cores_per_partition: int
-) -> dict[str, Any]:
+    feature_configs: dict[str, tf.tpu.experimental.embedding.FeatureConfig],
+    partitions: int,
+    cores_per_partition: int,
+) -> dict[str, TableLayout]:
     """`{table name: SparseCoreTableLayout}` as `TPUEmbeddingV2` stacks them.
 
     Runs TF's own stacking on copies of `feature_configs` (each with its
@@ -55,7 +93,7 @@ def stacking_layouts(
     return dict(stacking.table_to_layout)
 
 
-def _check_stacked(stacked: Any, layout: Any) -> None:
+def _check_stacked(stacked: StackedValue, layout: TableLayout) -> None:
     rows = layout.num_sparse_cores * layout.total_rows_per_sparse_core_shard
     expected = [rows, layout.unsharded_padded_shape[1]]
     if list(stacked.shape) != expected:
@@ -66,7 +104,7 @@ def _check_stacked(stacked: Any, layout: Any) -> None:
         )
 
 
-def unstack_table(stacked: Any, layout: Any) -> np.ndarray:
+def unstack_table(stacked: StackedValue, layout: TableLayout) -> np.ndarray:
     """One table, `[vocabulary_size, dim]`, out of its stacked value.
 
     Args:
@@ -87,7 +125,9 @@ def unstack_table(stacked: Any, layout: Any) -> np.ndarray:
     return np.asarray(table.numpy())
 
 
-def restack_table(stacked: Any, table: Any, layout: Any) -> np.ndarray:
+def restack_table(
+    stacked: StackedValue, table: npt.ArrayLike, layout: TableLayout
+) -> np.ndarray:
     """A copy of `stacked` with `table`'s rows written where they live.
 
     Args:
