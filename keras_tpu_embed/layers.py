@@ -2,7 +2,8 @@
 
 The layer is the Keras API and routes: at build it decides where each table
 lives for training (`lookup/devices.py`) and takes its backends from
-`lookup/registry.py` (its own `LocalTables`, and the TPU system's engine);
+`lookup/local_tables.py` (its own `LocalTables`) and
+`lookup/engine_registry.py` (the TPU system's engine);
 at call it asks each backend for activations (`lookup/backend.py`) and
 assembles the output (`preprocessing/layer_io.py`). The math is in `lookup/` and
 `optimizers/`.
@@ -29,7 +30,6 @@ from keras_tpu_embed.export import layer_variables
 from keras_tpu_embed.export.quantization import QuantizedTable
 from keras_tpu_embed.export.quantization import check_table_dtype
 from keras_tpu_embed.export.quantization import quantized_copies
-from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
 from keras_tpu_embed.lookup.devices import SUPPORTED_SERVING_DEVICES
@@ -38,6 +38,10 @@ from keras_tpu_embed.lookup.devices import parse_lookup_device
 from keras_tpu_embed.lookup.devices import table_device
 from keras_tpu_embed.lookup.devices import training_device
 from keras_tpu_embed.lookup.embedding_core import EngineTableCheckpoint
+from keras_tpu_embed.lookup.embedding_core import EngineTables
+from keras_tpu_embed.lookup.embedding_core import SharedEngine
+from keras_tpu_embed.lookup.engine_registry import engine_for
+from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import group_into_tables
 from keras_tpu_embed.preprocessing.layer_io import LayerInputs
@@ -136,7 +140,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         # from here on: set first.
         self._serving = False  # set by `serving_lookups` while tracing
         self._serving_override: LookupDevice | None = None
-        self._engine: registry.SharedEngine | None = None
+        self._engine: SharedEngine | None = None
         self.columns = to_embedding_columns(columns)
         self.config = as_config(config)
         self.serving_lookup_device = parse_lookup_device(
@@ -150,10 +154,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         # Decided at build, from the strategy in scope.
         self._training_devices: dict[str, LookupDevice] = {}
         self._built_hardware = tpu_hardware.EmbeddingHardware.NONE
-        self._engine_tables: registry.EngineTables | None = None
-        self._local = registry.LocalTables(
-            [], self.config, self.return_sequence_lengths
-        )
+        self._engine_tables: EngineTables | None = None
+        self._local = LocalTables([], self.config, self.return_sequence_lengths)
         # A serving device given here is checked now, not at export.
         if self.serving_lookup_device is not None:
             for table in self.table_specs:
@@ -260,7 +262,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 "dense feature, or set embedding_lookup_device="
                 "'tpu_tensor_core' on those columns."
             )
-        self._local = registry.LocalTables(
+        self._local = LocalTables(
             local_tables, self.config, self.return_sequence_lengths
         )
         # In the TensorFlow object graph under a stable name, so that
@@ -291,7 +293,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         )
         self._local.bind(self.embedding_step, self.gradient_trap)
         if engine_tables:
-            self._engine = registry.engine_for(strategy, hardware)
+            self._engine = engine_for(strategy, hardware)
             self._engine_tables = self._engine.register(
                 self.name,
                 [c for t in engine_tables for c in t.columns],
@@ -336,7 +338,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return list(self._local.tables)
 
     @property
-    def engine(self) -> registry.SharedEngine | None:
+    def engine(self) -> SharedEngine | None:
         """The shared TPU embedding engine, when the layer is built on one."""
         return self._engine
 
@@ -351,7 +353,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             self._track_engine_tables(engine)
         return children
 
-    def _track_engine_tables(self, engine: registry.SharedEngine) -> None:
+    def _track_engine_tables(self, engine: SharedEngine) -> None:
         """Puts this layer's engine tables in `embedding_tables` under the
         names a CPU layer gives its own (`<table>`, `<table>/<slot>`), read
         from the TPU on save and written to it on restore, so that

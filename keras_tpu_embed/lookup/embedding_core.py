@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from typing import AbstractSet
 from typing import Any
 from typing import Sequence
 
@@ -90,62 +91,26 @@ def _replica_id() -> int:
     return replica if isinstance(replica, int) else 0
 
 
-_ENGINES: weakref.WeakKeyDictionary[Any, SharedEngine] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-# strategy -> the per-replica batches `kte.distribute_dataset` cut for it.
-_DATASET_BATCHES: weakref.WeakKeyDictionary[Any, set[int]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def note_dataset_batch(strategy: Any, per_replica_batch: int) -> None:
-    """Records a static per-replica batch a dataset of `strategy` has.
-
-    The engine falls back to it when a step's inputs arrive with an unknown
-    batch (`steps_per_execution > 1`, `engine_checks.set_static_batch`).
-    """
-    try:
-        _DATASET_BATCHES.setdefault(strategy, set()).add(per_replica_batch)
-    except TypeError:
-        # Not weakly referenceable (a stand-in strategy): nothing recorded,
-        # so an unknown batch stays the error that names the fix.
-        pass
-
-
-def _dataset_batch() -> int | None:
-    """The one per-replica batch the current strategy's datasets have."""
-    batches = _DATASET_BATCHES.get(tf.distribute.get_strategy(), set())
-    return next(iter(batches)) if len(batches) == 1 else None
-
-
-def registered_engine(strategy: Any) -> SharedEngine | None:
-    """The `SharedEngine` of `strategy`, if a layer registered with it."""
-    return _ENGINES.get(strategy)
-
-
-def engine_for(strategy: Any, hardware: EmbeddingHardware) -> SharedEngine:
-    """The one `SharedEngine` of `strategy`'s TPU system."""
-    engine = _ENGINES.get(strategy)
-    if engine is None:
-        if hardware is EmbeddingHardware.V2:
-            # A subclass of SharedEngine: imported here, not at the top.
-            from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
-
-            engine = SparseCoreEngine(hardware)
-        else:
-            engine = SharedEngine(hardware)
-        _ENGINES[strategy] = engine
-    return engine
-
-
 class SharedEngine:
     """The one mid-level object of a TPU system and the layers it serves."""
 
-    def __init__(self, hardware: EmbeddingHardware) -> None:
+    def __init__(
+        self,
+        hardware: EmbeddingHardware,
+        *,
+        dataset_batches: AbstractSet[int] = frozenset(),
+    ) -> None:
+        """Makes the engine of one strategy's TPU system.
+
+        Args:
+            hardware: The TPU's embedding hardware.
+            dataset_batches: The per-replica batches of the strategy's
+                datasets (`engine_registry.note_dataset_batch`), a set that
+                grows as datasets are made: the fallback for a step whose
+                inputs arrive with an unknown batch.
+        """
         self.hardware = hardware
+        self._dataset_batches = dataset_batches
         self._members: list[_Member] = []
         self._feature_configs: dict[str, Any] = {}
         self._table_owner: dict[str, str] = {}
@@ -165,6 +130,11 @@ class SharedEngine:
         # Values loaded (`write_tables`) before TF created the tables: they
         # go onto the TPU at the first enqueue, which creates them.
         self._pending: dict[tuple[str, str], Any] = {}
+
+    def dataset_batch(self) -> int | None:
+        """The one per-replica batch the strategy's datasets have."""
+        batches = self._dataset_batches
+        return next(iter(batches)) if len(batches) == 1 else None
 
     @property
     def mid_level(self) -> Any:
@@ -474,7 +444,7 @@ class SharedEngine:
         engine_checks.check_enqueue_inputs(features, self._sequence_features)
         batch = self._batch_size
         if batch is None:
-            batch = _dataset_batch()
+            batch = self.dataset_batch()
         checks = engine_checks.set_static_batch(features, batch)
         checks += engine_checks.set_static_batch(weights, batch)
         self._batch_size = engine_checks.check_batch_size(

@@ -20,7 +20,7 @@ column, with what to do instead: a table trained without a clip it was
 given would answer differently from the same model on CPU.
 `SparseCoreEngine` is the engine of `embedding_core.py` (one per strategy,
 every layer receiving every engine feature, the gradient trap) driving
-`TPUEmbeddingV2`; `embedding_core.engine_for` routes V2 strategies to it.
+`TPUEmbeddingV2`; `engine_registry.engine_for` routes V2 strategies to it.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_data_distribute
 from keras_tpu_embed._compat import tf_eager_context
 from keras_tpu_embed.columns import to_embedding_column
-from keras_tpu_embed.lookup import registry
+from keras_tpu_embed.lookup import engine_registry
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     tensor_core_widths,
 )
@@ -207,7 +207,7 @@ def distribute_dataset(
 
     clean_ids = _engine_id_filter(strategy, preprocessor)
     batch_size = global_batch_size
-    registry.note_dataset_batch(
+    engine_registry.note_dataset_batch(
         strategy, global_batch_size // strategy.num_replicas_in_sync
     )
 
@@ -430,7 +430,7 @@ def _engine_id_filter(
     weight_of: dict[str, str | None] = {}
     for column in getattr(preprocessor, "categorical_columns", None) or []:
         weight_of[column.feature_key] = column.weight_feature_key or None
-    engine = registry.registered_engine(strategy)
+    engine = engine_registry.registered_engine(strategy)
     dense_engine_keys: set[str] = set()
     if engine is not None:
         weight_of.update(engine.input_features)
