@@ -37,10 +37,10 @@ from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.devices import parse_lookup_device
 from keras_tpu_embed.lookup.devices import table_device
 from keras_tpu_embed.lookup.devices import training_device
-from keras_tpu_embed.lookup.embedding_core import EngineTableCheckpoint
 from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_registry import engine_for
+from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
 from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import group_into_tables
