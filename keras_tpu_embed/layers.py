@@ -16,8 +16,6 @@ from typing import Any
 from typing import Iterator
 from typing import Sequence
 
-import numpy as np
-
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import tf
@@ -40,7 +38,6 @@ from keras_tpu_embed.lookup.devices import training_device
 from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_registry import engine_for
-from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
 from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import group_into_tables
@@ -140,7 +137,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         # from here on: set first.
         self._serving = False  # set by `serving_lookups` while tracing
         self._serving_override: LookupDevice | None = None
-        self._engine: SharedEngine | None = None
+        self._engine_tables: EngineTables | None = None
         self.columns = to_embedding_columns(columns)
         self.config = as_config(config)
         self.serving_lookup_device = parse_lookup_device(
@@ -154,7 +151,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         # Decided at build, from the strategy in scope.
         self._training_devices: dict[str, LookupDevice] = {}
         self._built_hardware = tpu_hardware.EmbeddingHardware.NONE
-        self._engine_tables: EngineTables | None = None
         self._local = LocalTables([], self.config, self.return_sequence_lengths)
         # A serving device given here is checked now, not at export.
         if self.serving_lookup_device is not None:
@@ -180,11 +176,16 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     ) -> Iterator[None]:
         """Inside, calls trace the serving lookups (what an export holds).
 
-        `lookup_device` (CPU or TPU_TENSOR_CORE) overrides the layer's
-        `serving_lookup_device` for every table. Each table's serving device
-        is resolved first, so an invalid one fails here, naming the column.
-        `table_dtype` (`"float32"`, `"bfloat16"` or `"int8"`) serves the
-        layer's own tables from quantized copies (`quantized_copies`).
+        Each table's serving device is resolved first, so that an invalid
+        one (`tpu_embedding_core`, or the tensor core for a column without
+        `tensor_core_shape`) fails here, naming the column.
+
+        Args:
+            lookup_device: `LookupDevice.CPU` or `TPU_TENSOR_CORE` for every
+                table, overriding the layer's `serving_lookup_device`.
+            table_dtype: `"float32"`, `"bfloat16"` or `"int8"`: serves the
+                layer's own tables from quantized copies
+                (`quantized_copies`).
 
         Raises:
             ValueError: an invalid serving device or `table_dtype`, or a
@@ -220,9 +221,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
 
     @property
     def input_dtype(self) -> str:
-        """float32: Keras would cast weights to a mixed policy's dtype,
-        rounding them and, on the TPU engine, computing them on the device
-        instead of enqueueing them from the host. Ids are never cast."""
+        """Float inputs (weights) stay float32 under any dtype policy.
+
+        Keras casts float inputs to `input_dtype`, the compute dtype by
+        default: `mixed_bfloat16` would round the weights and, on the TPU
+        engine, compute them on the device instead of enqueueing them from
+        the host. Ids are integers and never cast.
+        """
         return "float32"
 
     def _table_device(self, table: TableSpec, serving: bool) -> LookupDevice:
@@ -250,18 +255,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             if self._training_devices[t.name] is LookupDevice.TPU_EMBEDDING_CORE
         ]
         local_tables = [t for t in self.table_specs if t not in engine_tables]
-        engine_sequences = [
-            c.name for t in engine_tables for c in t.columns if c.is_sequence
-        ]
-        if self.return_sequence_lengths and engine_sequences:
-            raise ValueError(
-                f"{type(self).__name__} '{self.name}': the TPU embedding "
-                "engine returns no sequence lengths, so "
-                "`return_sequence_lengths=True` cannot serve the sequence "
-                f"columns {engine_sequences} on it. Feed the lengths as a "
-                "dense feature, or set embedding_lookup_device="
-                "'tpu_tensor_core' on those columns."
-            )
         self._local = LocalTables(
             local_tables, self.config, self.return_sequence_lengths
         )
@@ -293,8 +286,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         )
         self._local.bind(self.embedding_step, self.gradient_trap)
         if engine_tables:
-            self._engine = engine_for(strategy, hardware)
-            self._engine_tables = self._engine.register(
+            self._engine_tables = engine_for(strategy, hardware).register(
                 self.name,
                 [c for t in engine_tables for c in t.columns],
                 self._inputs.keys_from_shape(input_shape),
@@ -303,6 +295,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 trigger=self.gradient_trap,
                 # Local tables count the step in their own trap.
                 counts_step=not local_tables,
+                return_sequence_lengths=self.return_sequence_lengths,
+                layer_description=f"{type(self).__name__} '{self.name}'",
             )
         self.built = True
 
@@ -340,7 +334,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     @property
     def engine(self) -> SharedEngine | None:
         """The shared TPU embedding engine, when the layer is built on one."""
-        return self._engine
+        if self._engine_tables is None:
+            return None
+        return self._engine_tables.engine
 
     def _trackable_children(
         self, save_type: str = "checkpoint", **kwargs: Any
@@ -348,24 +344,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         children: dict[str, Any] = super()._trackable_children(
             save_type, **kwargs
         )
-        engine = self._engine
-        if engine is not None and engine.table_names:
-            self._track_engine_tables(engine)
+        if self._engine_tables is not None:
+            self._engine_tables.track_checkpoints(self.embedding_tables)
         return children
-
-    def _track_engine_tables(self, engine: SharedEngine) -> None:
-        """Puts this layer's engine tables in `embedding_tables` under the
-        names a CPU layer gives its own (`<table>`, `<table>/<slot>`), read
-        from the TPU on save and written to it on restore, so that
-        `tf.train.Checkpoint(model=...)` moves between TPU and CPU models."""
-        module = self.embedding_tables
-        for table in engine.tables_of(self.name):
-            for slot in engine.table_slots(table):
-                name = table if slot == "parameters" else f"{table}/{slot}"
-                if not hasattr(module, name):
-                    setattr(
-                        module, name, EngineTableCheckpoint(engine, table, slot)
-                    )
 
     # ------------------------------------------------------------------- call
 
@@ -396,8 +377,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             training=training is not False and not self._serving,
             serving=self._serving,
             devices={
-                t.name: self._table_device(t, self._serving)
-                for t in self._local.tables
+                table.name: self._table_device(table, serving=self._serving)
+                for table in self._local.tables
             },
         )
         values: dict[str, Tensor] = {}
@@ -408,16 +389,14 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             lengths.update(answer.lengths)
         return self._outputs().assemble(values, lengths)
 
-    def _raw_engine_features(self) -> dict[str, Any]:
-        """`feature_to_config_dict` entries: served by the engine only."""
-        if self._engine is None:
-            return {}
-        return dict(self.config.feature_to_config_dict or {})
-
     def _outputs(self) -> LayerOutputs:
         return LayerOutputs(
             columns=self.columns,
-            raw_features=self._raw_engine_features(),
+            raw_features=(
+                {}
+                if self._engine_tables is None
+                else self._engine_tables.raw_features
+            ),
             concat=self.output_mode == "concat",
             return_sequence_lengths=self.return_sequence_lengths,
             dtype=self.compute_dtype,
@@ -468,11 +447,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         loads into the model on CPU as well.
         """
         layer_variables.save_layer_variables(self, store)
-        engine_keys = self._engine_keys()
-        if engine_keys and self._engine is not None:
-            values = self._engine.read_tables(self._engine_table_names())
-            for key, table_slot in engine_keys.items():
-                store[key] = values[table_slot]
+        if self._engine_tables is not None:
+            for key, value in self._engine_tables.file_values().items():
+                store[key] = value
 
     def load_own_variables(self, store: Any) -> None:
         """By name, or by position for files stored so; see `loading`.
@@ -480,7 +457,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         Tables on the TPU embedding engine are loaded onto the TPU (at the
         engine's first step when TF has not created them yet).
         """
-        engine_keys = self._engine_keys()
+        engine = self._engine_tables
+        engine_keys = {} if engine is None else engine.file_keys()
         keys = [str(key) for key in store.keys()]
         if not engine_keys or all(key.isdigit() for key in keys):
             if not layer_variables.load_layer_variables(self, store):
@@ -496,36 +474,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             )
         own = {key: store[key] for key in keys if key not in engine_keys}
         layer_variables.load_layer_variables(self, own)
-        assert self._engine is not None
-        self._engine.write_tables(
-            {
-                table_slot: np.asarray(store[key])
-                for key, table_slot in engine_keys.items()
-            }
-        )
-
-    def _engine_table_names(self) -> list[str]:
-        return [
-            table.name
-            for table in self.table_specs
-            if self._training_devices.get(table.name)
-            is LookupDevice.TPU_EMBEDDING_CORE
-        ]
-
-    def _engine_keys(self) -> dict[str, tuple[str, str]]:
-        """File key -> (table, slot) of this layer's engine tables.
-
-        The keys of `layer_variables.save_layer_variables`: `<table>` for
-        the table, `<table>.S<slot>` for a slot.
-        """
-        if self._engine is None:
-            return {}
-        keys = {}
-        for table in self._engine_table_names():
-            for slot in self._engine.table_slots(table):
-                key = table if slot == "parameters" else f"{table}.S{slot}"
-                keys[key] = (table, slot)
-        return keys
+        assert engine is not None  # it has keys
+        engine.load_file_values({key: store[key] for key in engine_keys})
 
     def save_assets(self, dir_path: str) -> None:
         """Copies the columns' vocabulary files into a `.keras` archive."""

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.tpu import hardware as tpu_hardware
 from tests.engine_models import BATCH
 from tests.engine_models import FEATURES
@@ -388,3 +389,63 @@ def test_negative_dense_ids_for_the_engine_fail_on_the_host(tpu):
         match=r"Feature .*user.* has negative ids, .* dense ids",
     ):
         model.fit(data, epochs=1, verbose=0)
+
+
+def _register(engine, columns, config=None, **kwargs):
+    step = keras.Variable(0, dtype="int64", trainable=False)
+    trigger = keras.Variable(0.0, trainable=True)
+    return engine.register(
+        "shared",
+        columns,
+        None,
+        config=config or kte.EmbeddingConfig(),
+        step=step,
+        trigger=trigger,
+        counts_step=True,
+        **kwargs,
+    )
+
+
+def test_the_engine_refuses_to_return_sequence_lengths():
+    _, shared = engine_columns()
+    engine = SharedEngine(tpu_hardware.EmbeddingHardware.V1)
+    with pytest.raises(
+        ValueError,
+        match=r"^SharedTPUEmbedding 'shared': the TPU embedding engine "
+        r"returns no sequence lengths, .* sequence columns "
+        r"\['hist_shared_embedding'\] on it\. Feed the lengths",
+    ):
+        _register(
+            engine,
+            shared,
+            return_sequence_lengths=True,
+            layer_description="SharedTPUEmbedding 'shared'",
+        )
+    assert engine.layer_names == []  # refused before joining
+    # Without sequence columns there are no lengths to refuse.
+    _register(
+        engine,
+        shared[:1],
+        return_sequence_lengths=True,
+        layer_description="SharedTPUEmbedding 'shared'",
+    )
+    assert engine.layer_names == ["shared"]
+
+
+def test_the_engine_serves_the_users_own_feature_configs():
+    raw = tf.tpu.experimental.embedding.FeatureConfig(
+        table=tf.tpu.experimental.embedding.TableConfig(
+            vocabulary_size=10, dim=2, name="their_table"
+        ),
+        name="their_feature",
+    )
+    columns, _ = engine_columns()
+    config = kte.EmbeddingConfig(feature_to_config_dict={"their_feature": raw})
+    tables = _register(
+        SharedEngine(tpu_hardware.EmbeddingHardware.V1),
+        columns,
+        config,
+        return_sequence_lengths=False,
+        layer_description="TPUEmbeddingLayer 'shared'",
+    )
+    assert tables.raw_features == {"their_feature": raw}

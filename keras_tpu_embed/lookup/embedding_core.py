@@ -35,7 +35,10 @@ runs on real hardware only through `examples/tpu_smoke.py`.
 from __future__ import annotations
 
 from typing import Any
+from typing import Mapping
 from typing import Sequence
+
+import numpy as np
 
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
@@ -44,6 +47,7 @@ from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.engine_step import EngineStep
 from keras_tpu_embed.lookup.engine_variables import EngineMember
+from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
 from keras_tpu_embed.tpu import hardware as tpu_hardware
 from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
@@ -66,6 +70,8 @@ class SharedEngine(EngineStep):
         step: Any,
         trigger: Any,
         counts_step: bool,
+        return_sequence_lengths: bool,
+        layer_description: str,
     ) -> EngineTables:
         """Adds a layer's embedding-core columns to the engine.
 
@@ -80,6 +86,9 @@ class SharedEngine(EngineStep):
             trigger: The layer's scalar trap variable.
             counts_step: Whether the engine counts the layer's step (not
                 when the layer's local tables count it).
+            return_sequence_lengths: Whether the layer returns sequence
+                lengths, which the engine cannot give.
+            layer_description: The layer's kind and name, for errors.
 
         Returns:
             The layer's backend on the engine.
@@ -88,8 +97,12 @@ class SharedEngine(EngineStep):
             RuntimeError: the engine already ran a step (its mid-level object
                 is final), so this layer would need a second engine.
             ValueError: the layer cannot share the engine with the layers
-                already registered; the message says how to fix the model.
+                already registered, or asks for what the engine cannot do;
+                the message says how to fix the model.
         """
+        if return_sequence_lengths:
+            engine_checks.check_no_sequence_lengths(layer_description, columns)
+        self._refuse_what_it_cannot_honour(layer_name, columns, config, step)
         if self._step_count:
             raise RuntimeError(
                 f"Layer '{layer_name}' is built after the "
@@ -160,7 +173,21 @@ class SharedEngine(EngineStep):
         self._pipeline = config.pipeline_execution_with_tensor_core
         self._optimizer = config.optimizer.to_tpu()
         self._mid_level = self._make_mid_level()
-        return EngineTables(self, member)
+        column_tables = {features[column.name].table.name for column in columns}
+        return EngineTables(self, member, sorted(column_tables))
+
+    def _refuse_what_it_cannot_honour(
+        self,
+        layer_name: str,
+        columns: Sequence[AnyEmbeddingColumn],
+        config: EmbeddingConfig,
+        step: Any,
+    ) -> None:
+        """Raises for what this engine would not train as asked.
+
+        The V1 engine honours every setting `to_tpu_feature_configs`
+        gives it; `SparseCoreEngine` does not.
+        """
 
     def _make_mid_level(self) -> Any:
         """The mid-level object for the members registered so far.
@@ -177,11 +204,33 @@ class SharedEngine(EngineStep):
 
 
 class EngineTables:
-    """One layer's tables on the shared engine; a `TableBackend`."""
+    """One layer's tables on the shared engine; a `TableBackend`.
 
-    def __init__(self, engine: SharedEngine, member: EngineMember) -> None:
+    Also how the layer's files reach them: the `.keras` weights
+    (`file_values`, `load_file_values`) and the TensorFlow object graph
+    (`track_checkpoints`) name them as a layer that holds them itself does.
+    """
+
+    def __init__(
+        self, engine: SharedEngine, member: EngineMember, tables: list[str]
+    ) -> None:
+        """The backend of one registered layer.
+
+        Args:
+            engine: The engine the layer registered with.
+            member: The layer, as the engine knows it.
+            tables: The engine tables of the layer's columns (not those of
+                its own `feature_to_config_dict` entries).
+        """
         self.engine = engine
         self._member = member
+        self.table_names = tables
+
+    @property
+    def raw_features(self) -> dict[str, Any]:
+        """The layer's own `feature_to_config_dict` entries, which only the
+        engine serves: their activations are part of the layer's output."""
+        return dict(self._member.config.feature_to_config_dict or {})
 
     def activations(
         self, features: dict[str, Tensor], phase: Phase
@@ -194,3 +243,49 @@ class EngineTables:
         return Activations(
             values=self.engine.activations(self._member, features)
         )
+
+    def file_keys(self) -> dict[str, tuple[str, str]]:
+        """File key -> (table, slot) of this layer's engine tables.
+
+        The keys of `layer_variables.save_layer_variables`: `<table>` for
+        the table, `<table>.S<slot>` for a slot.
+        """
+        keys = {}
+        for table in self.table_names:
+            for slot in self.engine.table_slots(table):
+                key = table if slot == "parameters" else f"{table}.S{slot}"
+                keys[key] = (table, slot)
+        return keys
+
+    def file_values(self) -> dict[str, Any]:
+        """File key -> the table or slot as it is on the TPU now."""
+        keys = self.file_keys()
+        if not keys:
+            return {}
+        values = self.engine.read_tables(self.table_names)
+        return {key: values[table_slot] for key, table_slot in keys.items()}
+
+    def load_file_values(self, values: Mapping[str, Any]) -> None:
+        """Loads file key -> value onto the TPU (at the engine's first step
+        when TF has not created the tables yet)."""
+        self.engine.write_tables(
+            {
+                table_slot: np.asarray(values[key])
+                for key, table_slot in self.file_keys().items()
+            }
+        )
+
+    def track_checkpoints(self, module: Any) -> None:
+        """Puts this layer's engine tables in `module` (the layer's
+        `embedding_tables`) under the names a CPU layer gives its own
+        (`<table>`, `<table>/<slot>`), read from the TPU on save and written
+        to it on restore, so that `tf.train.Checkpoint(model=...)` moves
+        between TPU and CPU models."""
+        engine = self.engine
+        for table in engine.tables_of(self._member.name):
+            for slot in engine.table_slots(table):
+                name = table if slot == "parameters" else f"{table}/{slot}"
+                if not hasattr(module, name):
+                    setattr(
+                        module, name, EngineTableCheckpoint(engine, table, slot)
+                    )
