@@ -1,7 +1,7 @@
 """`TPUEmbeddingLayer`: the Keras 3 embedding layer, which only routes.
 
-The layer is the Keras API and routes: at build it decides where each table
-lives for training (`lookup/devices.py`) and takes its backends from
+The layer is the Keras API and routes: at build it decides once where each
+table lives (`lookup/device_plan.py`) and takes its backends from
 `lookup/local_tables.py` (its own `LocalTables`) and
 `lookup/engine_registry.py` (the TPU system's engine);
 at call it asks each backend for activations (`lookup/backend.py`) and
@@ -30,11 +30,11 @@ from keras_tpu_embed.export.quantization import check_table_dtype
 from keras_tpu_embed.export.quantization import quantized_copies
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
+from keras_tpu_embed.lookup.device_plan import DevicePlan
+from keras_tpu_embed.lookup.device_plan import plan_devices
 from keras_tpu_embed.lookup.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.devices import parse_lookup_device
-from keras_tpu_embed.lookup.devices import table_device
-from keras_tpu_embed.lookup.devices import training_device
 from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_registry import engine_for
@@ -133,11 +133,10 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        # Read by `_table_device` and `_trackable_children`, which run
-        # from here on: set first.
-        self._serving = False  # set by `serving_lookups` while tracing
-        self._serving_override: LookupDevice | None = None
+        # Read by `_trackable_children`, which runs from here on: set first.
         self._engine_tables: EngineTables | None = None
+        # The devices of a serving export while `serving_lookups` traces it.
+        self._serving_plan: DevicePlan | None = None
         self.columns = to_embedding_columns(columns)
         self.config = as_config(config)
         self.serving_lookup_device = parse_lookup_device(
@@ -148,21 +147,22 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         self.output_mode = check_output_mode(output, self.columns)
         self.return_sequence_lengths = bool(return_sequence_lengths)
         self.table_specs = group_into_tables(self.columns)
-        # Decided at build, from the strategy in scope.
-        self._training_devices: dict[str, LookupDevice] = {}
-        self._built_hardware = tpu_hardware.EmbeddingHardware.NONE
+        # Off any strategy until build decides again on its hardware.
+        self._devices = plan_devices(
+            self.table_specs,
+            tpu_hardware.EmbeddingHardware.NONE,
+            self.serving_lookup_device,
+        )
         self._local = LocalTables([], self.config, self.return_sequence_lengths)
         # A serving device given here is checked now, not at export.
         if self.serving_lookup_device is not None:
-            for table in self.table_specs:
-                self._table_device(table, serving=True)
+            self._devices.check_serving()
         # Only the tensor-core path compiles with XLA (the host path uses
         # sparse ids and segment ops); telling Keras keeps
         # `jit_compile="auto"` from trying otherwise.
         self.supports_jit = all(
-            self._table_device(table, serving=False)
-            is LookupDevice.TPU_TENSOR_CORE
-            for table in self.table_specs
+            device is LookupDevice.TPU_TENSOR_CORE
+            for device in self._devices.training.values()
         )
         self._inputs = LayerInputs(
             f"{type(self).__name__} '{self.name}'", self.columns
@@ -194,29 +194,27 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 with NaN or inf values.
         """
         check_table_dtype(table_dtype)
-        saved = (self._serving, self._serving_override)
+        plan = self._devices.with_serving_device(
+            self.table_specs, lookup_device
+        )
+        plan.check_serving()
+        saved_plan = self._serving_plan
         saved_tables = self._local.serving_tables
-        self._serving, self._serving_override = True, lookup_device
+        self._serving_plan = plan
         try:
-            for table in self.table_specs:
-                self._table_device(table, serving=True)
             self._local.serving_tables = self._quantized(table_dtype)
             yield
         finally:
-            self._serving, self._serving_override = saved
+            self._serving_plan = saved_plan
             self._local.serving_tables = saved_tables
 
     def _quantized(self, table_dtype: str) -> dict[str, QuantizedTable]:
-        local = self._local.table_names
-        engine = [t.name for t in self.table_specs if t.name not in local]
-        if engine and table_dtype != "float32":
-            raise ValueError(
-                f"table_dtype='{table_dtype}' quantizes the tables a layer "
-                f"holds itself, but the tables {engine} of layer "
-                f"'{self.name}' live in the TPU embedding engine. Export them "
-                "with table_dtype='float32'."
-            )
-        tables = {name: self._local.table_variable(name) for name in local}
+        if self._engine_tables is not None:
+            self._engine_tables.refuse_quantized(table_dtype)
+        local = self._local
+        tables = {
+            name: local.table_variable(name) for name in local.table_names
+        }
         return quantized_copies(tables, table_dtype)
 
     @property
@@ -230,38 +228,29 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         """
         return "float32"
 
-    def _table_device(self, table: TableSpec, serving: bool) -> LookupDevice:
-        """Where `table`'s lookups run now; its columns agree on it."""
-        if not serving and table.name in self._training_devices:
-            return self._training_devices[table.name]
-        override = self.serving_lookup_device
-        if serving and self._serving_override:
-            override = self._serving_override
-        return table_device(table, serving=serving, serving_override=override)
+    @property
+    def _training_devices(self) -> dict[str, LookupDevice]:
+        """Per table name, where it trains (decided at build)."""
+        return dict(self._devices.training)
 
     # ------------------------------------------------------------------ build
 
     def build(self, input_shape: Any = None) -> None:
         strategy = tf.distribute.get_strategy()
         hardware = tpu_hardware.embedding_hardware(strategy)
-        self._built_hardware = hardware
-        self._training_devices = {
-            table.name: training_device(table, hardware)
-            for table in self.table_specs
-        }
-        engine_tables = [
-            t
-            for t in self.table_specs
-            if self._training_devices[t.name] is LookupDevice.TPU_EMBEDDING_CORE
-        ]
-        local_tables = [t for t in self.table_specs if t not in engine_tables]
+        self._devices = plan_devices(
+            self.table_specs, hardware, self.serving_lookup_device
+        )
+        local_tables, engine_tables = self._devices.split(self.table_specs)
         self._local = LocalTables(
             local_tables, self.config, self.return_sequence_lengths
         )
         # In the TensorFlow object graph under a stable name, so that
         # tf.train.Checkpoint(model=...) holds every table and slot and a
         # checkpoint read before build restores into them.
-        self.embedding_tables = self._local.create_variables(self)
+        self.embedding_tables = self._local.create_variables(
+            self, self._devices.training
+        )
         self.embedding_step = self.add_weight(
             name="embedding_step",
             shape=(),
@@ -316,10 +305,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return self._local.slot_variables(table_name)
 
     def _check_not_on_engine(self, table_name: str) -> None:
-        if (
-            self._training_devices.get(table_name)
-            is LookupDevice.TPU_EMBEDDING_CORE
-        ):
+        if self._devices.on_engine(table_name):
             raise ValueError(
                 f"Table '{table_name}' of '{self.name}' is held by the TPU "
                 "embedding engine, not by the layer: save it with "
@@ -361,7 +347,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         tpu_hardware.check_called_where_built(
             f"{type(self).__name__} '{self.name}'",
-            self._built_hardware,
+            self._devices.hardware,
             on_engine=self._engine_tables is not None,
         )
         features = self._inputs.features(inputs)
@@ -373,12 +359,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         # Keras calls a subclassed model whose `call` takes no `training`
         # without it, so in `fit` its layers see None: unless told False,
         # trap the rows; the update runs only if a gradient reaches them.
+        serving = self._serving_plan
+        devices = self._devices.training if serving is None else serving.serving
         phase = Phase(
-            training=training is not False and not self._serving,
-            serving=self._serving,
+            training=training is not False and serving is None,
+            serving=serving is not None,
             devices={
-                table.name: self._table_device(table, serving=self._serving)
-                for table in self._local.tables
+                table.name: devices[table.name] for table in self._local.tables
             },
         )
         values: dict[str, Tensor] = {}
@@ -458,24 +445,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         engine's first step when TF has not created them yet).
         """
         engine = self._engine_tables
-        engine_keys = {} if engine is None else engine.file_keys()
-        keys = [str(key) for key in store.keys()]
-        if not engine_keys or all(key.isdigit() for key in keys):
-            if not layer_variables.load_layer_variables(self, store):
-                super().load_own_variables(store)
-            return
-        missing = sorted(set(engine_keys) - set(keys))
-        if missing:
-            raise ValueError(
-                f"Cannot load the weights of {type(self).__name__} "
-                f"'{self.name}': the file has no {missing}, which the TPU "
-                f"embedding engine holds for it. The file holds {keys}. Load "
-                "a file saved from a model with the same columns."
-            )
-        own = {key: store[key] for key in keys if key not in engine_keys}
-        layer_variables.load_layer_variables(self, own)
-        assert engine is not None  # it has keys
-        engine.load_file_values({key: store[key] for key in engine_keys})
+        own, on_engine = (
+            (store, {}) if engine is None else engine.split_file(store)
+        )
+        if not layer_variables.load_layer_variables(self, own):
+            super().load_own_variables(store)
+        if engine is not None and on_engine:
+            engine.load_file_values(on_engine)
 
     def save_assets(self, dir_path: str) -> None:
         """Copies the columns' vocabulary files into a `.keras` archive."""

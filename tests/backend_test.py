@@ -35,7 +35,10 @@ def test_local_tables_answer_activations_for_every_column():
     tables: backend.TableBackend = LocalTables(
         group_into_tables(columns), kte.EmbeddingConfig(), True
     )
-    tables.create_variables(keras.layers.Layer())
+    tables.create_variables(
+        keras.layers.Layer(),
+        {name: LookupDevice.CPU for name in tables.table_names},
+    )
     phase = backend.Phase(
         training=False,
         serving=False,

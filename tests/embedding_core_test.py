@@ -449,3 +449,34 @@ def test_the_engine_serves_the_users_own_feature_configs():
         layer_description="TPUEmbeddingLayer 'shared'",
     )
     assert tables.raw_features == {"their_feature": raw}
+
+
+def test_quantized_copies_of_engine_tables_are_refused(tpu):
+    with tpu.strategy.scope():
+        model = build_model()
+    layer = model.get_layer("embed")
+    with pytest.raises(
+        ValueError,
+        match=r"^table_dtype='int8' quantizes the tables a layer holds "
+        r"itself, but the tables \['user', 'tags_weighted_by_tag_w'\] of "
+        r"layer 'embed' live in the TPU embedding engine\. Export them with "
+        r"table_dtype='float32'\.$",
+    ):
+        with layer.serving_lookups(table_dtype="int8"):
+            pass
+
+
+def test_a_weights_file_without_the_engine_tables_says_which(tpu):
+    with tpu.strategy.scope():
+        model = build_model()
+    layer = model.get_layer("shared")
+    store = {"embedding_step": np.int64(0), "table_update_trigger": 0.0}
+    with pytest.raises(
+        ValueError,
+        match=r"^Cannot load the weights of SharedTPUEmbedding 'shared': "
+        r"the file has no \['hist_item_shared_embedding'\], which the TPU "
+        r"embedding engine holds for it\. The file holds \['embedding_step', "
+        r"'table_update_trigger'\]\. Load a file saved from a model with the "
+        r"same columns\.$",
+    ):
+        layer.load_own_variables(store)

@@ -50,7 +50,9 @@ def _local_tables(optimizer, counts_step=True):
     config = kte.EmbeddingConfig(optimizer=optimizer)
     tables = LocalTables(group_into_tables(columns), config, True)
     owner = keras.layers.Layer()
-    module = tables.create_variables(owner)
+    module = tables.create_variables(
+        owner, {name: LookupDevice.CPU for name in tables.table_names}
+    )
     step = owner.add_weight(
         name="step", shape=(), dtype="int64", initializer="zeros"
     )

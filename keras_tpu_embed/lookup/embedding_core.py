@@ -173,8 +173,10 @@ class SharedEngine(EngineStep):
         self._pipeline = config.pipeline_execution_with_tensor_core
         self._optimizer = config.optimizer.to_tpu()
         self._mid_level = self._make_mid_level()
-        column_tables = {features[column.name].table.name for column in columns}
-        return EngineTables(self, member, sorted(column_tables))
+        column_tables = [features[column.name].table.name for column in columns]
+        return EngineTables(
+            self, member, list(dict.fromkeys(column_tables)), layer_description
+        )
 
     def _refuse_what_it_cannot_honour(
         self,
@@ -212,19 +214,26 @@ class EngineTables:
     """
 
     def __init__(
-        self, engine: SharedEngine, member: EngineMember, tables: list[str]
+        self,
+        engine: SharedEngine,
+        member: EngineMember,
+        tables: list[str],
+        layer: str,
     ) -> None:
         """The backend of one registered layer.
 
         Args:
             engine: The engine the layer registered with.
             member: The layer, as the engine knows it.
-            tables: The engine tables of the layer's columns (not those of
-                its own `feature_to_config_dict` entries).
+            tables: The engine tables of the layer's columns, in the
+                layer's order (not those of its own
+                `feature_to_config_dict` entries).
+            layer: The layer's kind and name, for errors.
         """
         self.engine = engine
         self._member = member
         self.table_names = tables
+        self._layer = layer
 
     @property
     def raw_features(self) -> dict[str, Any]:
@@ -264,6 +273,45 @@ class EngineTables:
             return {}
         values = self.engine.read_tables(self.table_names)
         return {key: values[table_slot] for key, table_slot in keys.items()}
+
+    def split_file(self, store: Any) -> tuple[Any, dict[str, Any]]:
+        """A `.keras` weights store as (the layer's own, the engine's).
+
+        A store of Keras' positional keys (`"0"`, `"1"`, ...) is all the
+        layer's own, for its positional rule.
+
+        Raises:
+            ValueError: the file lacks a table or slot of the engine's.
+        """
+        engine_keys = self.file_keys()
+        keys = [str(key) for key in store.keys()]
+        if not engine_keys or all(key.isdigit() for key in keys):
+            return store, {}
+        missing = sorted(set(engine_keys) - set(keys))
+        if missing:
+            raise ValueError(
+                f"Cannot load the weights of {self._layer}: the file has no "
+                f"{missing}, which the TPU embedding engine holds for it. The "
+                f"file holds {keys}. Load a file saved from a model with the "
+                "same columns."
+            )
+        own = {key: store[key] for key in keys if key not in engine_keys}
+        return own, {key: store[key] for key in engine_keys}
+
+    def refuse_quantized(self, table_dtype: str) -> None:
+        """Quantized serving copies are of the layer's own tables only.
+
+        Raises:
+            ValueError: `table_dtype` is not float32; the engine's rows are
+                not the layer's to copy.
+        """
+        if self.table_names and table_dtype != "float32":
+            raise ValueError(
+                f"table_dtype='{table_dtype}' quantizes the tables a layer "
+                f"holds itself, but the tables {self.table_names} of layer "
+                f"'{self._member.name}' live in the TPU embedding engine. "
+                "Export them with table_dtype='float32'."
+            )
 
     def load_file_values(self, values: Mapping[str, Any]) -> None:
         """Loads file key -> value onto the TPU (at the engine's first step
