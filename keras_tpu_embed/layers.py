@@ -1,8 +1,9 @@
 """`TPUEmbeddingLayer`: the Keras 3 embedding layer, which only routes.
 
-The layer is the Keras API and routes: at build it decides where each table
-lives for training (`lookup/devices.py`) and takes its backends from
-`lookup/registry.py` (its own `LocalTables`, and the TPU system's engine);
+The layer is the Keras API and routes: at build it decides once where each
+table lives (`lookup/device_plan.py`) and takes its backends from
+`lookup/local_tables.py` (its own `LocalTables`) and
+`lookup/engine_registry.py` (the TPU system's engine);
 at call it asks each backend for activations (`lookup/backend.py`) and
 assembles the output (`preprocessing/layer_io.py`). The math is in `lookup/` and
 `optimizers/`.
@@ -14,8 +15,6 @@ import contextlib
 from typing import Any
 from typing import Iterator
 from typing import Sequence
-
-import numpy as np
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_symbolic_scope
@@ -29,15 +28,17 @@ from keras_tpu_embed.export import layer_variables
 from keras_tpu_embed.export.quantization import QuantizedTable
 from keras_tpu_embed.export.quantization import check_table_dtype
 from keras_tpu_embed.export.quantization import quantized_copies
-from keras_tpu_embed.lookup import registry
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
+from keras_tpu_embed.lookup.device_plan import DevicePlan
+from keras_tpu_embed.lookup.device_plan import plan_devices
 from keras_tpu_embed.lookup.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.devices import parse_lookup_device
-from keras_tpu_embed.lookup.devices import table_device
-from keras_tpu_embed.lookup.devices import training_device
-from keras_tpu_embed.lookup.embedding_core import EngineTableCheckpoint
+from keras_tpu_embed.lookup.embedding_core import EngineTables
+from keras_tpu_embed.lookup.embedding_core import SharedEngine
+from keras_tpu_embed.lookup.engine_registry import engine_for
+from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import group_into_tables
 from keras_tpu_embed.preprocessing.layer_io import LayerInputs
@@ -132,11 +133,10 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        # Read by `_table_device` and `_trackable_children`, which run
-        # from here on: set first.
-        self._serving = False  # set by `serving_lookups` while tracing
-        self._serving_override: LookupDevice | None = None
-        self._engine: registry.SharedEngine | None = None
+        # Read by `_trackable_children`, which runs from here on: set first.
+        self._engine_tables: EngineTables | None = None
+        # The devices of a serving export while `serving_lookups` traces it.
+        self._serving_plan: DevicePlan | None = None
         self.columns = to_embedding_columns(columns)
         self.config = as_config(config)
         self.serving_lookup_device = parse_lookup_device(
@@ -147,24 +147,22 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         self.output_mode = check_output_mode(output, self.columns)
         self.return_sequence_lengths = bool(return_sequence_lengths)
         self.table_specs = group_into_tables(self.columns)
-        # Decided at build, from the strategy in scope.
-        self._training_devices: dict[str, LookupDevice] = {}
-        self._built_hardware = tpu_hardware.EmbeddingHardware.NONE
-        self._engine_tables: registry.EngineTables | None = None
-        self._local = registry.LocalTables(
-            [], self.config, self.return_sequence_lengths
+        # Off any strategy until build decides again on its hardware.
+        self._devices = plan_devices(
+            self.table_specs,
+            tpu_hardware.EmbeddingHardware.NONE,
+            self.serving_lookup_device,
         )
+        self._local = LocalTables([], self.config, self.return_sequence_lengths)
         # A serving device given here is checked now, not at export.
         if self.serving_lookup_device is not None:
-            for table in self.table_specs:
-                self._table_device(table, serving=True)
+            self._devices.check_serving()
         # Only the tensor-core path compiles with XLA (the host path uses
         # sparse ids and segment ops); telling Keras keeps
         # `jit_compile="auto"` from trying otherwise.
         self.supports_jit = all(
-            self._table_device(table, serving=False)
-            is LookupDevice.TPU_TENSOR_CORE
-            for table in self.table_specs
+            device is LookupDevice.TPU_TENSOR_CORE
+            for device in self._devices.training.values()
         )
         self._inputs = LayerInputs(
             f"{type(self).__name__} '{self.name}'", self.columns
@@ -178,11 +176,16 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     ) -> Iterator[None]:
         """Inside, calls trace the serving lookups (what an export holds).
 
-        `lookup_device` (CPU or TPU_TENSOR_CORE) overrides the layer's
-        `serving_lookup_device` for every table. Each table's serving device
-        is resolved first, so an invalid one fails here, naming the column.
-        `table_dtype` (`"float32"`, `"bfloat16"` or `"int8"`) serves the
-        layer's own tables from quantized copies (`quantized_copies`).
+        Each table's serving device is resolved first, so that an invalid
+        one (`tpu_embedding_core`, or the tensor core for a column without
+        `tensor_core_shape`) fails here, naming the column.
+
+        Args:
+            lookup_device: `LookupDevice.CPU` or `TPU_TENSOR_CORE` for every
+                table, overriding the layer's `serving_lookup_device`.
+            table_dtype: `"float32"`, `"bfloat16"` or `"int8"`: serves the
+                layer's own tables from quantized copies
+                (`quantized_copies`).
 
         Raises:
             ValueError: an invalid serving device or `table_dtype`, or a
@@ -191,82 +194,63 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 with NaN or inf values.
         """
         check_table_dtype(table_dtype)
-        saved = (self._serving, self._serving_override)
+        plan = self._devices.with_serving_device(
+            self.table_specs, lookup_device
+        )
+        plan.check_serving()
+        saved_plan = self._serving_plan
         saved_tables = self._local.serving_tables
-        self._serving, self._serving_override = True, lookup_device
+        self._serving_plan = plan
         try:
-            for table in self.table_specs:
-                self._table_device(table, serving=True)
             self._local.serving_tables = self._quantized(table_dtype)
             yield
         finally:
-            self._serving, self._serving_override = saved
+            self._serving_plan = saved_plan
             self._local.serving_tables = saved_tables
 
     def _quantized(self, table_dtype: str) -> dict[str, QuantizedTable]:
-        local = self._local.table_names
-        engine = [t.name for t in self.table_specs if t.name not in local]
-        if engine and table_dtype != "float32":
-            raise ValueError(
-                f"table_dtype='{table_dtype}' quantizes the tables a layer "
-                f"holds itself, but the tables {engine} of layer "
-                f"'{self.name}' live in the TPU embedding engine. Export them "
-                "with table_dtype='float32'."
-            )
-        tables = {name: self._local.table_variable(name) for name in local}
+        if self._engine_tables is not None:
+            self._engine_tables.refuse_quantized(table_dtype)
+        local = self._local
+        tables = {
+            name: local.table_variable(name) for name in local.table_names
+        }
         return quantized_copies(tables, table_dtype)
 
     @property
     def input_dtype(self) -> str:
-        """float32: Keras would cast weights to a mixed policy's dtype,
-        rounding them and, on the TPU engine, computing them on the device
-        instead of enqueueing them from the host. Ids are never cast."""
+        """Float inputs (weights) stay float32 under any dtype policy.
+
+        Keras casts float inputs to `input_dtype`, the compute dtype by
+        default: `mixed_bfloat16` would round the weights and, on the TPU
+        engine, compute them on the device instead of enqueueing them from
+        the host. Ids are integers and never cast.
+        """
         return "float32"
 
-    def _table_device(self, table: TableSpec, serving: bool) -> LookupDevice:
-        """Where `table`'s lookups run now; its columns agree on it."""
-        if not serving and table.name in self._training_devices:
-            return self._training_devices[table.name]
-        override = self.serving_lookup_device
-        if serving and self._serving_override:
-            override = self._serving_override
-        return table_device(table, serving=serving, serving_override=override)
+    @property
+    def _training_devices(self) -> dict[str, LookupDevice]:
+        """Per table name, where it trains (decided at build)."""
+        return dict(self._devices.training)
 
     # ------------------------------------------------------------------ build
 
     def build(self, input_shape: Any = None) -> None:
         strategy = tf.distribute.get_strategy()
         hardware = tpu_hardware.embedding_hardware(strategy)
-        self._built_hardware = hardware
-        self._training_devices = {
-            table.name: training_device(table, hardware)
-            for table in self.table_specs
-        }
-        engine_tables = [
-            t
-            for t in self.table_specs
-            if self._training_devices[t.name] is LookupDevice.TPU_EMBEDDING_CORE
-        ]
-        local_tables = [t for t in self.table_specs if t not in engine_tables]
-        engine_sequences = [
-            c.name for t in engine_tables for c in t.columns if c.is_sequence
-        ]
-        if self.return_sequence_lengths and engine_sequences:
-            raise ValueError(
-                f"{type(self).__name__} '{self.name}': the TPU embedding "
-                "engine returns no sequence lengths, so "
-                "`return_sequence_lengths=True` cannot serve the sequence "
-                f"columns {engine_sequences} on it. Feed the lengths as a "
-                "dense feature, or set embedding_lookup_device="
-                "'tpu_tensor_core' on those columns."
-            )
-        self._local = registry.LocalTables(
+        self._devices = plan_devices(
+            self.table_specs, hardware, self.serving_lookup_device
+        )
+        local_tables, engine_tables = self._devices.split(self.table_specs)
+        self._local = LocalTables(
             local_tables, self.config, self.return_sequence_lengths
         )
         # In the TensorFlow object graph under a stable name, so that
         # tf.train.Checkpoint(model=...) holds every table and slot and a
         # checkpoint read before build restores into them.
-        self.embedding_tables = self._local.create_variables(self)
+        self.embedding_tables = self._local.create_variables(
+            self, self._devices.training
+        )
         self.embedding_step = self.add_weight(
             name="embedding_step",
             shape=(),
@@ -291,8 +275,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         )
         self._local.bind(self.embedding_step, self.gradient_trap)
         if engine_tables:
-            self._engine = registry.engine_for(strategy, hardware)
-            self._engine_tables = self._engine.register(
+            self._engine_tables = engine_for(strategy, hardware).register(
                 self.name,
                 [c for t in engine_tables for c in t.columns],
                 self._inputs.keys_from_shape(input_shape),
@@ -301,6 +284,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 trigger=self.gradient_trap,
                 # Local tables count the step in their own trap.
                 counts_step=not local_tables,
+                return_sequence_lengths=self.return_sequence_lengths,
+                layer_description=f"{type(self).__name__} '{self.name}'",
             )
         self.built = True
 
@@ -320,10 +305,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return self._local.slot_variables(table_name)
 
     def _check_not_on_engine(self, table_name: str) -> None:
-        if (
-            self._training_devices.get(table_name)
-            is LookupDevice.TPU_EMBEDDING_CORE
-        ):
+        if self._devices.on_engine(table_name):
             raise ValueError(
                 f"Table '{table_name}' of '{self.name}' is held by the TPU "
                 "embedding engine, not by the layer: save it with "
@@ -336,9 +318,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return list(self._local.tables)
 
     @property
-    def engine(self) -> registry.SharedEngine | None:
+    def engine(self) -> SharedEngine | None:
         """The shared TPU embedding engine, when the layer is built on one."""
-        return self._engine
+        if self._engine_tables is None:
+            return None
+        return self._engine_tables.engine
 
     def _trackable_children(
         self, save_type: str = "checkpoint", **kwargs: Any
@@ -346,24 +330,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         children: dict[str, Any] = super()._trackable_children(
             save_type, **kwargs
         )
-        engine = self._engine
-        if engine is not None and engine.table_names:
-            self._track_engine_tables(engine)
+        if self._engine_tables is not None:
+            self._engine_tables.track_checkpoints(self.embedding_tables)
         return children
-
-    def _track_engine_tables(self, engine: registry.SharedEngine) -> None:
-        """Puts this layer's engine tables in `embedding_tables` under the
-        names a CPU layer gives its own (`<table>`, `<table>/<slot>`), read
-        from the TPU on save and written to it on restore, so that
-        `tf.train.Checkpoint(model=...)` moves between TPU and CPU models."""
-        module = self.embedding_tables
-        for table in engine.tables_of(self.name):
-            for slot in engine.table_slots(table):
-                name = table if slot == "parameters" else f"{table}/{slot}"
-                if not hasattr(module, name):
-                    setattr(
-                        module, name, EngineTableCheckpoint(engine, table, slot)
-                    )
 
     # ------------------------------------------------------------------- call
 
@@ -378,7 +347,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     def call(self, inputs: Any, training: bool | None = None) -> Any:
         tpu_hardware.check_called_where_built(
             f"{type(self).__name__} '{self.name}'",
-            self._built_hardware,
+            self._devices.hardware,
             on_engine=self._engine_tables is not None,
         )
         features = self._inputs.features(inputs)
@@ -390,12 +359,13 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         # Keras calls a subclassed model whose `call` takes no `training`
         # without it, so in `fit` its layers see None: unless told False,
         # trap the rows; the update runs only if a gradient reaches them.
+        serving = self._serving_plan
+        devices = self._devices.training if serving is None else serving.serving
         phase = Phase(
-            training=training is not False and not self._serving,
-            serving=self._serving,
+            training=training is not False and serving is None,
+            serving=serving is not None,
             devices={
-                t.name: self._table_device(t, self._serving)
-                for t in self._local.tables
+                table.name: devices[table.name] for table in self._local.tables
             },
         )
         values: dict[str, Tensor] = {}
@@ -406,16 +376,14 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             lengths.update(answer.lengths)
         return self._outputs().assemble(values, lengths)
 
-    def _raw_engine_features(self) -> dict[str, Any]:
-        """`feature_to_config_dict` entries: served by the engine only."""
-        if self._engine is None:
-            return {}
-        return dict(self.config.feature_to_config_dict or {})
-
     def _outputs(self) -> LayerOutputs:
         return LayerOutputs(
             columns=self.columns,
-            raw_features=self._raw_engine_features(),
+            raw_features=(
+                {}
+                if self._engine_tables is None
+                else self._engine_tables.raw_features
+            ),
             concat=self.output_mode == "concat",
             return_sequence_lengths=self.return_sequence_lengths,
             dtype=self.compute_dtype,
@@ -466,11 +434,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         loads into the model on CPU as well.
         """
         layer_variables.save_layer_variables(self, store)
-        engine_keys = self._engine_keys()
-        if engine_keys and self._engine is not None:
-            values = self._engine.read_tables(self._engine_table_names())
-            for key, table_slot in engine_keys.items():
-                store[key] = values[table_slot]
+        if self._engine_tables is not None:
+            for key, value in self._engine_tables.file_values().items():
+                store[key] = value
 
     def load_own_variables(self, store: Any) -> None:
         """By name, or by position for files stored so; see `loading`.
@@ -478,52 +444,14 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         Tables on the TPU embedding engine are loaded onto the TPU (at the
         engine's first step when TF has not created them yet).
         """
-        engine_keys = self._engine_keys()
-        keys = [str(key) for key in store.keys()]
-        if not engine_keys or all(key.isdigit() for key in keys):
-            if not layer_variables.load_layer_variables(self, store):
-                super().load_own_variables(store)
-            return
-        missing = sorted(set(engine_keys) - set(keys))
-        if missing:
-            raise ValueError(
-                f"Cannot load the weights of {type(self).__name__} "
-                f"'{self.name}': the file has no {missing}, which the TPU "
-                f"embedding engine holds for it. The file holds {keys}. Load "
-                "a file saved from a model with the same columns."
-            )
-        own = {key: store[key] for key in keys if key not in engine_keys}
-        layer_variables.load_layer_variables(self, own)
-        assert self._engine is not None
-        self._engine.write_tables(
-            {
-                table_slot: np.asarray(store[key])
-                for key, table_slot in engine_keys.items()
-            }
+        engine = self._engine_tables
+        own, on_engine = (
+            (store, {}) if engine is None else engine.split_file(store)
         )
-
-    def _engine_table_names(self) -> list[str]:
-        return [
-            table.name
-            for table in self.table_specs
-            if self._training_devices.get(table.name)
-            is LookupDevice.TPU_EMBEDDING_CORE
-        ]
-
-    def _engine_keys(self) -> dict[str, tuple[str, str]]:
-        """File key -> (table, slot) of this layer's engine tables.
-
-        The keys of `layer_variables.save_layer_variables`: `<table>` for
-        the table, `<table>.S<slot>` for a slot.
-        """
-        if self._engine is None:
-            return {}
-        keys = {}
-        for table in self._engine_table_names():
-            for slot in self._engine.table_slots(table):
-                key = table if slot == "parameters" else f"{table}.S{slot}"
-                keys[key] = (table, slot)
-        return keys
+        if not layer_variables.load_layer_variables(self, own):
+            super().load_own_variables(store)
+        if engine is not None and on_engine:
+            engine.load_file_values(on_engine)
 
     def save_assets(self, dir_path: str) -> None:
         """Copies the columns' vocabulary files into a `.keras` archive."""

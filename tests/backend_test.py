@@ -11,6 +11,7 @@ import tensorflow as tf
 import keras_tpu_embed as kte
 from keras_tpu_embed.lookup import backend
 from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.tables import group_into_tables
 from tests import testing
@@ -34,7 +35,10 @@ def test_local_tables_answer_activations_for_every_column():
     tables: backend.TableBackend = LocalTables(
         group_into_tables(columns), kte.EmbeddingConfig(), True
     )
-    tables.create_variables(keras.layers.Layer())
+    tables.create_variables(
+        keras.layers.Layer(),
+        {name: LookupDevice.CPU for name in tables.table_names},
+    )
     phase = backend.Phase(
         training=False,
         serving=False,
@@ -69,3 +73,10 @@ def test_phase_and_activations_are_frozen_values():
         phase.training = False
     first, second = backend.Activations(values={}), backend.Activations({})
     assert first.lengths == {} and first.lengths is not second.lengths
+
+
+def test_backends_answer_the_protocol():
+    wanted = inspect.signature(backend.TableBackend.activations)
+    for table_backend in (LocalTables, EngineTables):
+        got = inspect.signature(table_backend.activations)
+        assert list(got.parameters) == list(wanted.parameters)

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.local_tables import LocalTables
@@ -49,7 +50,9 @@ def _local_tables(optimizer, counts_step=True):
     config = kte.EmbeddingConfig(optimizer=optimizer)
     tables = LocalTables(group_into_tables(columns), config, True)
     owner = keras.layers.Layer()
-    module = tables.create_variables(owner)
+    module = tables.create_variables(
+        owner, {name: LookupDevice.CPU for name in tables.table_names}
+    )
     step = owner.add_weight(
         name="step", shape=(), dtype="int64", initializer="zeros"
     )
@@ -173,3 +176,20 @@ def test_kte_embedding_column_takes_trainable():
     column = testing.identity_column(trainable=False)
     assert column.trainable is False
     assert group_into_tables([column])[0].trainable is False
+
+
+def test_local_tables_answer_activations_for_every_column():
+    item = kte.categorical_column_with_identity("item", 10)
+    layer = kte.TPUEmbeddingLayer([kte.embedding_column(item, 4)])
+    layer.build()
+    local = layer._local
+    phase = Phase(
+        training=False, serving=False, devices={"item": LookupDevice.CPU}
+    )
+    answer = local.activations({"item": tf.constant([[1, 2]])}, phase)
+    assert isinstance(answer, Activations)
+    assert sorted(answer.values) == ["item_embedding"]
+    table = layer.table_variable("item").numpy()
+    np.testing.assert_allclose(
+        answer.values["item_embedding"], [(table[1] + table[2]) / 2]
+    )

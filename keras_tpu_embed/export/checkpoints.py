@@ -26,7 +26,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.export.export_records import damaged_file_error
 from keras_tpu_embed.export.loading import LOAD_ERRORS
 from keras_tpu_embed.layers_in_model import embedding_layers
-from keras_tpu_embed.lookup.embedding_core import EngineTableCheckpoint
+from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
 
 
 class EngineCheckpointView(tf.Module):  # type: ignore[misc]

@@ -138,6 +138,12 @@ class DeviceColumn(Protocol):
         """`[batch, ids_per_example]` on the tensor core, if given."""
 
 
+def has_tensor_core_width(column: DeviceColumn) -> bool:
+    """Whether the column can look up on the tensor core: a sequence column
+    is `max_sequence_length` wide, any other needs `tensor_core_shape`."""
+    return column.is_sequence or column.tensor_core_shape is not None
+
+
 class DeviceTable(Protocol):
     """What the device rules read of a table (`tables.TableSpec`)."""
 
@@ -170,8 +176,7 @@ def table_device(
         engine=False,
         serving_override=serving_override,
         has_tensor_core_shape=all(
-            c.is_sequence or c.tensor_core_shape is not None
-            for c in table.columns
+            has_tensor_core_width(c) for c in table.columns
         ),
     )
 
@@ -199,11 +204,7 @@ def training_device(
     )
     if device is not LookupDevice.TPU_EMBEDDING_CORE or hardware.has_engine:
         return device
-    unshaped = [
-        c.name
-        for c in table.columns
-        if not c.is_sequence and c.tensor_core_shape is None
-    ]
+    unshaped = [c.name for c in table.columns if not has_tensor_core_width(c)]
     if unshaped:
         raise ValueError(
             f"This TPU has no embedding engine (e.g. TPU v5e), so "

@@ -5,7 +5,7 @@ V1 hardware) owns the embedding engine of a whole TPU system: building a
 second object fails with "TPU is already initialized for embeddings", and
 `enqueue` takes every feature of the object at once. So the embedding-core
 tables of every embedding layer built under one `TPUStrategy` are served by
-one `SharedEngine`:
+one `SharedEngine` (`engine_registry.py` keeps one per strategy):
 
 - each layer `register`s at build, handing over its columns, its
   `EmbeddingConfig`, its step and its trap variable; the engine merges the
@@ -19,7 +19,10 @@ one `SharedEngine`:
 - the trap's backward pass scales each layer's gradients by its gradient
   multiplier (`optimizers/embedding_step.py`) and sends all of them with one
   `apply_gradients` under the same name, then counts the step on every
-  layer whose local tables do not count it already.
+  layer whose local tables do not count it already (`engine_step.py`);
+- the tables' shapes are known from the configs before TF creates them,
+  and their values are read from the TPU and written to it, for
+  checkpoints and `.keras` files (`engine_variables.py`).
 
 On SparseCore TPUs (embedding_feature V2: v5p, v6e and later) the engine
 is a `sparsecore.SparseCoreEngine`, the same engine rules driving
@@ -31,166 +34,31 @@ runs on real hardware only through `examples/tpu_smoke.py`.
 
 from __future__ import annotations
 
-import dataclasses
-import weakref
 from typing import Any
+from typing import Mapping
 from typing import Sequence
 
-from keras_tpu_embed._compat import TFSaveSpec
-from keras_tpu_embed._compat import Trackable
-from keras_tpu_embed._compat import keras_in_symbolic_scope
-from keras_tpu_embed._compat import tf
-from keras_tpu_embed._compat import tf_tpu_util
+import numpy as np
+
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import engine_checks
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
-from keras_tpu_embed.lookup.gradient_trap import trap_gradients
-from keras_tpu_embed.optimizers import embedding_step as update_rules
+from keras_tpu_embed.lookup.engine_step import EngineStep
+from keras_tpu_embed.lookup.engine_variables import EngineMember
+from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
 from keras_tpu_embed.tpu import hardware as tpu_hardware
 from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
 from keras_tpu_embed.types import Tensor
 
 
-@dataclasses.dataclass
-class _Member:
-    """One registered layer: what it reads, its features and its state."""
+class SharedEngine(EngineStep):
+    """The one mid-level object of a TPU system and the layers it serves.
 
-    name: str
-    input_keys: frozenset[str] | None
-    features: dict[str, tuple[str, str | None]]  # name -> (ids, weights)
-    sequence: frozenset[str]
-    config: EmbeddingConfig
-    step: Any  # the layer's embedding_step variable
-    trigger: Any  # the layer's table_update_trigger variable
-    counts_step: bool  # False when the layer's local tables count it
-
-
-@dataclasses.dataclass
-class _Step:
-    """The engine's work in one traced step of one replica: one enqueue,
-    one dequeue."""
-
-    name: str
-    activations: dict[str, Tensor]
-    served: set[str] = dataclasses.field(default_factory=set)
-
-
-def _replica_id() -> int:
-    """The replica whose function is being traced.
-
-    `TPUStrategy` traces the replica function once for all cores; replicas
-    that trace one function each (`MirroredStrategy`, the emulated TPU)
-    each need their own enqueue and dequeue in the same graph.
+    Its members and tables are `EngineVariables`, its steps `EngineStep`;
+    here, the layers join it.
     """
-    context = tf.distribute.get_replica_context()
-    replica = getattr(context, "_replica_id_in_sync_group", 0)
-    return replica if isinstance(replica, int) else 0
-
-
-_ENGINES: weakref.WeakKeyDictionary[Any, SharedEngine] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-# strategy -> the per-replica batches `kte.distribute_dataset` cut for it.
-_DATASET_BATCHES: weakref.WeakKeyDictionary[Any, set[int]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def note_dataset_batch(strategy: Any, per_replica_batch: int) -> None:
-    """Records a static per-replica batch a dataset of `strategy` has.
-
-    The engine falls back to it when a step's inputs arrive with an unknown
-    batch (`steps_per_execution > 1`, `engine_checks.set_static_batch`).
-    """
-    try:
-        _DATASET_BATCHES.setdefault(strategy, set()).add(per_replica_batch)
-    except TypeError:
-        # Not weakly referenceable (a stand-in strategy): nothing recorded,
-        # so an unknown batch stays the error that names the fix.
-        pass
-
-
-def _dataset_batch() -> int | None:
-    """The one per-replica batch the current strategy's datasets have."""
-    batches = _DATASET_BATCHES.get(tf.distribute.get_strategy(), set())
-    return next(iter(batches)) if len(batches) == 1 else None
-
-
-def registered_engine(strategy: Any) -> SharedEngine | None:
-    """The `SharedEngine` of `strategy`, if a layer registered with it."""
-    return _ENGINES.get(strategy)
-
-
-def engine_for(strategy: Any, hardware: EmbeddingHardware) -> SharedEngine:
-    """The one `SharedEngine` of `strategy`'s TPU system."""
-    engine = _ENGINES.get(strategy)
-    if engine is None:
-        if hardware is EmbeddingHardware.V2:
-            # A subclass of SharedEngine: imported here, not at the top.
-            from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
-
-            engine = SparseCoreEngine(hardware)
-        else:
-            engine = SharedEngine(hardware)
-        _ENGINES[strategy] = engine
-    return engine
-
-
-class SharedEngine:
-    """The one mid-level object of a TPU system and the layers it serves."""
-
-    def __init__(self, hardware: EmbeddingHardware) -> None:
-        self.hardware = hardware
-        self._members: list[_Member] = []
-        self._feature_configs: dict[str, Any] = {}
-        self._table_owner: dict[str, str] = {}
-        self._pipeline: bool | None = None
-        self._mid_level: Any = None
-        self._optimizer: Any = None
-        # graph -> (replicated computation, replica id) -> that replica's
-        # step in it. One graph may run several steps: Keras' predict with
-        # `steps_per_execution > 1` calls `strategy.run` once per step in
-        # one function, and each call is its own `tpu.replicate`.
-        self._steps: weakref.WeakKeyDictionary[
-            Any, dict[tuple[Any, int], _Step]
-        ] = weakref.WeakKeyDictionary()
-        self._step_count = 0
-        # The per-replica batch TF fixes at the first enqueue.
-        self._batch_size: int | None = None
-        # Values loaded (`write_tables`) before TF created the tables: they
-        # go onto the TPU at the first enqueue, which creates them.
-        self._pending: dict[tuple[str, str], Any] = {}
-
-    @property
-    def mid_level(self) -> Any:
-        """The `TPUEmbedding` all members share."""
-        return self._mid_level
-
-    @property
-    def table_names(self) -> list[str]:
-        """Every table on the engine, sorted (known from the members'
-        configs, before TF creates the tables)."""
-        return sorted({f.table.name for f in self._feature_configs.values()})
-
-    @property
-    def layer_names(self) -> list[str]:
-        return [member.name for member in self._members]
-
-    @property
-    def input_features(self) -> dict[str, str | None]:
-        """The input keys the engine enqueues: ids key -> its weights key."""
-        keys: dict[str, str | None] = {}
-        for member in self._members:
-            for ids_key, weights_key in member.features.values():
-                keys[ids_key] = weights_key
-        return keys
-
-    # --------------------------------------------------------------- build
 
     def register(
         self,
@@ -202,6 +70,8 @@ class SharedEngine:
         step: Any,
         trigger: Any,
         counts_step: bool,
+        return_sequence_lengths: bool,
+        layer_description: str,
     ) -> EngineTables:
         """Adds a layer's embedding-core columns to the engine.
 
@@ -216,6 +86,9 @@ class SharedEngine:
             trigger: The layer's scalar trap variable.
             counts_step: Whether the engine counts the layer's step (not
                 when the layer's local tables count it).
+            return_sequence_lengths: Whether the layer returns sequence
+                lengths, which the engine cannot give.
+            layer_description: The layer's kind and name, for errors.
 
         Returns:
             The layer's backend on the engine.
@@ -224,8 +97,12 @@ class SharedEngine:
             RuntimeError: the engine already ran a step (its mid-level object
                 is final), so this layer would need a second engine.
             ValueError: the layer cannot share the engine with the layers
-                already registered; the message says how to fix the model.
+                already registered, or asks for what the engine cannot do;
+                the message says how to fix the model.
         """
+        if return_sequence_lengths:
+            engine_checks.check_no_sequence_lengths(layer_description, columns)
+        self._refuse_what_it_cannot_honour(layer_name, columns, config, step)
         if self._step_count:
             raise RuntimeError(
                 f"Layer '{layer_name}' is built after the "
@@ -272,7 +149,7 @@ class SharedEngine:
             )
         for name in config.feature_to_config_dict or {}:
             sources[name] = (name, None)
-        member = _Member(
+        member = EngineMember(
             name=layer_name,
             input_keys=input_keys,
             features=sources,
@@ -296,7 +173,23 @@ class SharedEngine:
         self._pipeline = config.pipeline_execution_with_tensor_core
         self._optimizer = config.optimizer.to_tpu()
         self._mid_level = self._make_mid_level()
-        return EngineTables(self, member)
+        column_tables = [features[column.name].table.name for column in columns]
+        return EngineTables(
+            self, member, list(dict.fromkeys(column_tables)), layer_description
+        )
+
+    def _refuse_what_it_cannot_honour(
+        self,
+        layer_name: str,
+        columns: Sequence[AnyEmbeddingColumn],
+        config: EmbeddingConfig,
+        step: Any,
+    ) -> None:
+        """Raises for what this engine would not train as asked.
+
+        The V1 engine honours every setting `to_tpu_feature_configs`
+        gives it; `SparseCoreEngine` does not.
+        """
 
     def _make_mid_level(self) -> Any:
         """The mid-level object for the members registered so far.
@@ -311,300 +204,42 @@ class SharedEngine:
             pipeline_execution_with_tensor_core=self._pipeline,
         )
 
-    # -------------------------------------------------------------- tables
-
-    def tables_of(self, layer_name: str) -> list[str]:
-        """The engine tables that the layer `layer_name` owns."""
-        return sorted(
-            table
-            for table, owner in self._table_owner.items()
-            if owner == layer_name
-        )
-
-    def table_slots(self, table: str) -> dict[str, list[int]]:
-        """`{"parameters": shape, <slot>: shape, ...}` of an engine table.
-
-        Known from the configs, before TF creates the tables.
-        """
-        for feature in self._feature_configs.values():
-            config = feature.table
-            if config.name == table:
-                shape = [config.vocabulary_size, config.dim]
-                optimizer = config.optimizer or self._optimizer
-                slots = ["parameters", *optimizer._slot_names()]
-                return {slot: shape for slot in slots}
-        raise KeyError(
-            f"No table '{table}' on the TPU embedding engine. Its tables: "
-            f"{self.table_names}."
-        )
-
-    def read_tables(self, tables: Sequence[str]) -> dict[tuple[str, str], Any]:
-        """`{(table, slot): numpy array}`: the values on the TPU now.
-
-        Raises:
-            RuntimeError: TF has not created the tables yet (they are
-                created at the engine's first step) and none were loaded.
-        """
-        keys = [(t, slot) for t in tables for slot in self.table_slots(t)]
-        if not self._tables_created():
-            if all(key in self._pending for key in keys):
-                return {key: self._pending[key] for key in keys}
-            raise RuntimeError(
-                "The TPU embedding engine creates its tables at the first "
-                f"step, so the tables {list(tables)} of layers "
-                f"{self.layer_names} do not exist yet: run one step "
-                "(model.fit, evaluate or predict) before saving."
-            )
-        return self._read_created(keys)
-
-    def _tables_created(self) -> bool:
-        """Whether TF created the tables (at the engine's first step)."""
-        return self._mid_level is not None and bool(self._mid_level._built)
-
-    def _read_created(
-        self, keys: list[tuple[str, str]]
-    ) -> dict[tuple[str, str], Any]:
-        """`read_tables` once the tables exist."""
-        mid_level = self._mid_level
-        # Under a TPUStrategy the host copies are stale until TF retrieves
-        # them from the TPU, as it does before a checkpoint save.
-        mid_level._retrieve_variables()
-        return {
-            (table, slot): tf.concat(
-                [
-                    tf.convert_to_tensor(shard)
-                    for shard in mid_level._variables[table][slot].variables
-                ],
-                0,
-            ).numpy()
-            for table, slot in keys
-        }
-
-    def write_tables(self, values: dict[tuple[str, str], Any]) -> None:
-        """Puts `{(table, slot): array}` onto the TPU (or at its creation)."""
-        for (table, slot), value in values.items():
-            expected = self.table_slots(table).get(slot)
-            if expected is None or list(value.shape) != expected:
-                raise ValueError(
-                    f"Cannot load '{table}' slot '{slot}' of shape "
-                    f"{list(value.shape)} into the TPU embedding engine, "
-                    f"whose table '{table}' has "
-                    f"{self.table_slots(table)} (slot: shape)."
-                )
-        self._pending.update(values)
-        if self._tables_created():
-            self._load_pending()
-
-    def _load_pending(self) -> None:
-        mid_level = self._mid_level
-        mid_level._retrieve_variables()
-        for (table, slot), value in self._pending.items():
-            variable = mid_level._variables[table][slot]
-            start = 0
-            for shard in variable.variables:
-                rows = int(shard.shape[0])
-                shard.assign(value[start : start + rows])
-                start += rows
-        self._pending = {}
-        mid_level._load_variables()
-
-    # ---------------------------------------------------------------- step
-
-    def activations(
-        self, member: _Member, features: dict[str, Tensor]
-    ) -> dict[str, Tensor]:
-        """A member's engine activations for this step, by column name."""
-        if keras_in_symbolic_scope():
-            # Keras traces the model in a scratch graph to learn its output
-            # structure; nothing may be enqueued there.
-            return self._symbolic_activations(member, features)
-        if tf.executing_eagerly():
-            raise RuntimeError(
-                f"Layer '{member.name}' runs on the TPU embedding engine, "
-                "which is fed inside a compiled step: call the model through "
-                "model.fit / evaluate / predict, or in a tf.function under "
-                "strategy.run, not eagerly."
-            )
-        graph = tf.compat.v1.get_default_graph()
-        replicas = self._steps.setdefault(graph, {})
-        key = (tf_tpu_util.enclosing_tpu_context(), _replica_id())
-        step = replicas.get(key)
-        if step is None:
-            step = self._start_step(member, features)
-            replicas[key] = step
-        if member.name in step.served:
-            raise RuntimeError(
-                f"Layer '{member.name}' is called twice in one step. The TPU "
-                "embedding engine is fed once per step; call each embedding "
-                "layer once per model call."
-            )
-        step.served.add(member.name)
-        return {name: step.activations[name] for name in member.features}
-
-    def _symbolic_activations(
-        self, member: _Member, inputs: dict[str, Tensor]
-    ) -> dict[str, Tensor]:
-        outputs = {}
-        for feature, (ids_key, _) in member.features.items():
-            config = self._feature_configs[feature]
-            batch = tf.shape(inputs[ids_key])[0]
-            shape = [batch, config.table.dim]
-            if config.max_sequence_length > 0:
-                shape.insert(1, config.max_sequence_length)
-            outputs[feature] = tf.zeros(tf.stack(shape), tf.float32)
-        return outputs
-
-    def _start_step(self, caller: _Member, inputs: dict[str, Tensor]) -> _Step:
-        self._step_count += 1
-        name = f"keras_tpu_embed_step_{self._step_count}"
-        features: dict[str, Tensor] = {}
-        weights: dict[str, Tensor | None] = {}
-        for member in self._members:
-            for feature, (ids_key, weights_key) in member.features.items():
-                if ids_key not in inputs:
-                    raise KeyError(
-                        f"The TPU embedding engine needs feature '{ids_key}' "
-                        f"(for '{feature}' of layer '{member.name}') in the "
-                        f"input of layer '{caller.name}', which has "
-                        f"{sorted(inputs)}. Pass the same feature dict to "
-                        "every embedding layer."
-                    )
-                features[feature] = inputs[ids_key]
-                weights[feature] = inputs[weights_key] if weights_key else None
-        engine_checks.check_enqueue_inputs(features, self._sequence_features)
-        batch = self._batch_size
-        if batch is None:
-            batch = _dataset_batch()
-        checks = engine_checks.set_static_batch(features, batch)
-        checks += engine_checks.set_static_batch(weights, batch)
-        self._batch_size = engine_checks.check_batch_size(
-            features, self._batch_size
-        )
-        has_weights = any(w is not None for w in weights.values())
-        flat = self._dequeue_with_trap(
-            name, features, weights if has_weights else None
-        )
-        if checks:
-            with tf.control_dependencies(checks):
-                flat = [tf.identity(value) for value in flat]
-        activations = tf.nest.pack_sequence_as(self._feature_configs, flat)
-        engine_checks.check_activation_shapes(
-            activations, self._feature_configs
-        )
-        return _Step(name=name, activations=activations)
-
-    @property
-    def _sequence_features(self) -> frozenset[str]:
-        return frozenset().union(*(m.sequence for m in self._members))
-
-    def _scaled_gradients(self, gradients: dict[str, Any]) -> dict[str, Any]:
-        """Each layer's gradient multiplier on its features' gradients."""
-        scaled = dict(gradients)
-        for member in self._members:
-            for feature in member.features:
-                scaled[feature] = update_rules.scale_gradient(
-                    scaled[feature], member.config, member.step.value
-                )
-        return scaled
-
-    def _count_step(self) -> Tensor:
-        """Counts the step once on every member; returns a scalar.
-
-        A layer that also holds local (tensor-core) tables counts the step
-        in its own trap (`LocalTables`): counting it here too would run its
-        `learning_rate_fn`s twice as fast. Its step is only read here, to
-        keep the data dependency.
-        """
-        counts = []
-        for member in self._members:
-            step = member.step.value
-            if member.counts_step:
-                # Under a replicated strategy the step (aggregation
-                # "only_first_replica") is added to in a merge call that
-                # returns a plain tensor, which has no `read_value`.
-                counted = step.assign_add(1)
-                with tf.control_dependencies([counted]):
-                    counts.append(tf.identity(step.value()))
-            else:
-                counts.append(step.read_value())
-        return tf.add_n([tf.cast(c, tf.float32) for c in counts])
-
-    def _dequeue_with_trap(
-        self,
-        name: str,
-        features: dict[str, Tensor],
-        weights: dict[str, Tensor | None] | None,
-    ) -> list[Tensor]:
-        """Enqueue, then dequeue inside the trap that feeds the engine.
-
-        The dequeue has no differentiable input, so Keras' tape would never
-        reach it: it runs inside the gradient trap over every member's
-        trigger variable (so that each gets a gradient), whose backward pass
-        receives the activations' gradients and hands them to
-        `apply_gradients`. The enqueue always says `training=True`: with a
-        name, TF's graph rewrite switches it to inference when no
-        `apply_gradients` of that name exists (evaluate, predict).
-        """
-        mid_level = self._mid_level
-        self._enqueue(features, weights, name)
-
-        def apply_gradients(gradients: list[Tensor]) -> Tensor:
-            packed = self._scaled_gradients(
-                tf.nest.pack_sequence_as(self._feature_configs, gradients)
-            )
-            mid_level.apply_gradients(packed, name=name)
-            return self._count_step()
-
-        return trap_gradients(
-            lambda: tf.nest.flatten(mid_level.dequeue(name=name)),
-            [member.trigger.value for member in self._members],
-            apply_gradients,
-        )
-
-    def _enqueue(self, features: Any, weights: Any, name: str) -> None:
-        try:
-            self._mid_level.enqueue(features, weights, training=True, name=name)
-            if self._pending and self._mid_level._built:
-                # The enqueue created the tables (eagerly, in TF's init
-                # scope): the values loaded before go onto the TPU now.
-                with tf.init_scope():
-                    self._load_pending()
-        except RuntimeError as error:
-            if "already initialized for embeddings" not in str(error):
-                raise
-            raise RuntimeError(
-                "Another TPU embedding engine object was built on this "
-                "TPU system before this model's. keras_tpu_embed builds one "
-                "tf.tpu.experimental.embedding.TPUEmbedding for all "
-                "embedding layers of a model: do not build your own next to "
-                "it, and train one model with embedding layers per TPU "
-                "system."
-            ) from error
-        except ValueError as error:
-            if "_tpu_input_identity" in str(error):
-                raise ValueError(
-                    engine_checks.non_direct_inputs_message(error, features)
-                ) from error
-            # TF checks the devices of the replicate's inputs: this fires in
-            # a custom loop calling strategy.run on next(iterator) in one
-            # tf.function over ids fetched to the TPU. Under model.fit the
-            # step is a tf.function of its own, whose arguments carry no
-            # device, so it cannot.
-            if "must be placed on the CPU" not in str(error):
-                raise
-            raise ValueError(
-                f"{error}\nThe TPU embedding engine reads ids on the host: "
-                "distribute the input with kte.distribute_dataset(strategy, "
-                "dataset, global_batch_size=...)."
-            ) from error
-
 
 class EngineTables:
-    """One layer's tables on the shared engine; a `TableBackend`."""
+    """One layer's tables on the shared engine; a `TableBackend`.
 
-    def __init__(self, engine: SharedEngine, member: _Member) -> None:
+    Also how the layer's files reach them: the `.keras` weights
+    (`file_values`, `load_file_values`) and the TensorFlow object graph
+    (`track_checkpoints`) name them as a layer that holds them itself does.
+    """
+
+    def __init__(
+        self,
+        engine: SharedEngine,
+        member: EngineMember,
+        tables: list[str],
+        layer: str,
+    ) -> None:
+        """The backend of one registered layer.
+
+        Args:
+            engine: The engine the layer registered with.
+            member: The layer, as the engine knows it.
+            tables: The engine tables of the layer's columns, in the
+                layer's order (not those of its own
+                `feature_to_config_dict` entries).
+            layer: The layer's kind and name, for errors.
+        """
         self.engine = engine
         self._member = member
+        self.table_names = tables
+        self._layer = layer
+
+    @property
+    def raw_features(self) -> dict[str, Any]:
+        """The layer's own `feature_to_config_dict` entries, which only the
+        engine serves: their activations are part of the layer's output."""
+        return dict(self._member.config.feature_to_config_dict or {})
 
     def activations(
         self, features: dict[str, Tensor], phase: Phase
@@ -618,49 +253,87 @@ class EngineTables:
             values=self.engine.activations(self._member, features)
         )
 
+    def file_keys(self) -> dict[str, tuple[str, str]]:
+        """File key -> (table, slot) of this layer's engine tables.
 
-class EngineTableCheckpoint(Trackable):  # type: ignore[misc]
-    """One engine table or slot in a checkpoint, as it is on the TPU.
+        The keys of `layer_variables.save_layer_variables`: `<table>` for
+        the table, `<table>.S<slot>` for a slot.
+        """
+        keys = {}
+        for table in self.table_names:
+            for slot in self.engine.table_slots(table):
+                key = table if slot == "parameters" else f"{table}.S{slot}"
+                keys[key] = (table, slot)
+        return keys
 
-    TF refreshes the mid-level object's host copies from the TPU before a
-    save, and loads them onto it after a restore, only when the mid-level
-    object itself is checkpointed, and the load only for files that a
-    mid-level object wrote (`tpu_embedding_v2.py`, the registered
-    "TPUEmbeddingCallback" saver). Tracking the host copies instead saved
-    stale values, and a file written on CPU never reached the TPU after its
-    first step. This reads and writes the TPU itself, through the engine
-    (before the first step a restore is held and loaded when TF creates the
-    tables; a save raises).
-    """
+    def file_values(self) -> dict[str, Any]:
+        """File key -> the table or slot as it is on the TPU now."""
+        keys = self.file_keys()
+        if not keys:
+            return {}
+        values = self.engine.read_tables(self.table_names)
+        return {key: values[table_slot] for key, table_slot in keys.items()}
 
-    def __init__(self, engine: Any, table: str, slot: str) -> None:
-        self._engine = engine
-        self._table = table
-        self._slot = slot
-        self.shape = engine.table_slots(table)[slot]
+    def split_file(self, store: Any) -> tuple[Any, dict[str, Any]]:
+        """A `.keras` weights store as (the layer's own, the engine's).
 
-    def read(self) -> Any:
-        """The table or slot as it is on the TPU now."""
-        try:
-            values = self._engine.read_tables([self._table])
-        except RuntimeError as error:
-            raise ValueError(str(error)) from error
-        return tf.constant(values[(self._table, self._slot)])
+        A store of Keras' positional keys (`"0"`, `"1"`, ...) is all the
+        layer's own, for its positional rule.
 
-    def _serialize_to_tensors(self) -> dict[str, Any]:
-        # A callable: TF asks for the spec on restore as well, when the
-        # tables may not exist yet, and reads the value only to save it.
-        return {
-            "VARIABLE_VALUE": TFSaveSpec(
-                self.read,
-                "",
-                "VARIABLE_VALUE",
-                dtype=tf.float32,
-                device="/job:localhost/replica:0/task:0/device:CPU:0",
+        Raises:
+            ValueError: the file lacks a table or slot of the engine's.
+        """
+        engine_keys = self.file_keys()
+        keys = [str(key) for key in store.keys()]
+        if not engine_keys or all(key.isdigit() for key in keys):
+            return store, {}
+        missing = sorted(set(engine_keys) - set(keys))
+        if missing:
+            raise ValueError(
+                f"Cannot load the weights of {self._layer}: the file has no "
+                f"{missing}, which the TPU embedding engine holds for it. The "
+                f"file holds {keys}. Load a file saved from a model with the "
+                "same columns."
             )
-        }
+        own = {key: store[key] for key in keys if key not in engine_keys}
+        return own, {key: store[key] for key in engine_keys}
 
-    def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
-        value = restored_tensors["VARIABLE_VALUE"]
-        self._engine.write_tables({(self._table, self._slot): value.numpy()})
-        return tf.no_op()
+    def refuse_quantized(self, table_dtype: str) -> None:
+        """Quantized serving copies are of the layer's own tables only.
+
+        Raises:
+            ValueError: `table_dtype` is not float32; the engine's rows are
+                not the layer's to copy.
+        """
+        if self.table_names and table_dtype != "float32":
+            raise ValueError(
+                f"table_dtype='{table_dtype}' quantizes the tables a layer "
+                f"holds itself, but the tables {self.table_names} of layer "
+                f"'{self._member.name}' live in the TPU embedding engine. "
+                "Export them with table_dtype='float32'."
+            )
+
+    def load_file_values(self, values: Mapping[str, Any]) -> None:
+        """Loads file key -> value onto the TPU (at the engine's first step
+        when TF has not created the tables yet)."""
+        self.engine.write_tables(
+            {
+                table_slot: np.asarray(values[key])
+                for key, table_slot in self.file_keys().items()
+            }
+        )
+
+    def track_checkpoints(self, module: Any) -> None:
+        """Puts this layer's engine tables in `module` (the layer's
+        `embedding_tables`) under the names a CPU layer gives its own
+        (`<table>`, `<table>/<slot>`), read from the TPU on save and written
+        to it on restore, so that `tf.train.Checkpoint(model=...)` moves
+        between TPU and CPU models."""
+        engine = self.engine
+        for table in engine.tables_of(self._member.name):
+            for slot in engine.table_slots(table):
+                name = table if slot == "parameters" else f"{table}/{slot}"
+                if not hasattr(module, name):
+                    setattr(
+                        module, name, EngineTableCheckpoint(engine, table, slot)
+                    )

@@ -13,6 +13,7 @@ from typing import Protocol
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.types import Tensor
 
 
@@ -46,6 +47,30 @@ def check_every_layer_gets_every_feature(members: Sequence[Member]) -> None:
                 "same feature dict (the FeaturePreprocessor output) to "
                 "every embedding layer of the model."
             )
+
+
+def check_no_sequence_lengths(
+    layer: str, columns: Sequence[AnyEmbeddingColumn]
+) -> None:
+    """Refuses `return_sequence_lengths` for sequence columns on the engine.
+
+    Args:
+        layer: The layer's kind and name, for the message.
+        columns: The layer's columns on the engine.
+
+    Raises:
+        ValueError: naming the sequence columns, with the two fixes.
+    """
+    sequences = [c.name for c in columns if c.is_sequence]
+    if sequences:
+        raise ValueError(
+            f"{layer}: the TPU embedding "
+            "engine returns no sequence lengths, so "
+            "`return_sequence_lengths=True` cannot serve the sequence "
+            f"columns {sequences} on it. Feed the lengths as a "
+            "dense feature, or set embedding_lookup_device="
+            "'tpu_tensor_core' on those columns."
+        )
 
 
 def check_enqueue_inputs(

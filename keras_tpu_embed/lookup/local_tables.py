@@ -20,6 +20,7 @@ combined first (`replicas.py`), so every copy takes the same update.
 from __future__ import annotations
 
 from typing import Any
+from typing import Mapping
 from typing import Sequence
 
 from keras_tpu_embed._compat import keras
@@ -35,7 +36,6 @@ from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.devices import training_device
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.lookup.table_lookup import TableLookup
 from keras_tpu_embed.lookup.table_lookup import TableValues
@@ -43,7 +43,6 @@ from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.optimizers import apply_update
 from keras_tpu_embed.optimizers import embedding_step as update_rules
 from keras_tpu_embed.optimizers.row_update import refuse_non_finite
-from keras_tpu_embed.tpu.hardware import embedding_hardware
 from keras_tpu_embed.types import Tensor
 
 
@@ -75,8 +74,17 @@ class LocalTables:
         # export traces.
         self.serving_tables: dict[str, QuantizedTable] = {}
 
-    def create_variables(self, layer: keras.layers.Layer) -> Any:
+    def create_variables(
+        self,
+        layer: keras.layers.Layer,
+        training_devices: Mapping[str, LookupDevice],
+    ) -> Any:
         """Creates every table and slot as a weight of `layer`.
+
+        Args:
+            layer: The layer that owns the tables.
+            training_devices: Where each table trains (the layer's
+                `DevicePlan`): tables on the tensor core get a scratch.
 
         Returns:
             A `tf.Module` holding every table as `<table>` and every slot as
@@ -107,10 +115,10 @@ class LocalTables:
                 )
                 self._slots[table.name][slot.name] = slot_variable
                 setattr(module, f"{table.name}/{slot.name}", slot_variable)
-        self._create_scratch()
+        self._create_scratch(training_devices)
         return module
 
-    def _create_scratch(self) -> None:
+    def _create_scratch(self, devices: Mapping[str, LookupDevice]) -> None:
         """A dedupe scratch per table trained on the tensor core.
 
         `dense_xla.summed_duplicates` overwrites it at the batch's ids every
@@ -122,9 +130,8 @@ class LocalTables:
         """
         if self.config.optimizer.updates_all_rows():
             return  # A dense step sums every entry's gradient itself.
-        hardware = embedding_hardware(tf.distribute.get_strategy())
         for table in self.tables:
-            core = training_device(table, hardware)
+            core = devices[table.name]
             if not table.trainable or core is not LookupDevice.TPU_TENSOR_CORE:
                 continue
             with tf.init_scope():

@@ -20,7 +20,7 @@ column, with what to do instead: a table trained without a clip it was
 given would answer differently from the same model on CPU.
 `SparseCoreEngine` is the engine of `embedding_core.py` (one per strategy,
 every layer receiving every engine feature, the gradient trap) driving
-`TPUEmbeddingV2`; `embedding_core.engine_for` routes V2 strategies to it.
+`TPUEmbeddingV2`; `engine_registry.engine_for` routes V2 strategies to it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import sparsecore_layout
-from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.tpu import hardware as tpu_hardware
@@ -286,29 +285,15 @@ class SparseCoreEngine(SharedEngine):
       convert to and from the per-table layout (`sparsecore_layout.py`).
     """
 
-    def register(
+    def _refuse_what_it_cannot_honour(
         self,
         layer_name: str,
         columns: Sequence[AnyEmbeddingColumn],
-        input_keys: frozenset[str] | None,
-        *,
         config: EmbeddingConfig,
         step: Any,
-        trigger: Any,
-        counts_step: bool,
-    ) -> EngineTables:
-        """`SharedEngine.register`, after refusing what V2 cannot honour."""
+    ) -> None:
         refuse_what_sparse_core_cannot_honour(
             layer_name, columns, config, step=step.value
-        )
-        return super().register(
-            layer_name,
-            columns,
-            input_keys,
-            config=config,
-            step=step,
-            trigger=trigger,
-            counts_step=counts_step,
         )
 
     def _make_mid_level(self) -> Any:

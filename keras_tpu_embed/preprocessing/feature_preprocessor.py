@@ -25,6 +25,7 @@ from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns.embedding import ColumnLike
 from keras_tpu_embed.columns.embedding import ColumnSpec
 from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.lookup.devices import has_tensor_core_width
 from keras_tpu_embed.preprocessing.ids import as_rank_2
 from keras_tpu_embed.preprocessing.ids import checked_weights
 from keras_tpu_embed.preprocessing.ids import densify
@@ -90,7 +91,7 @@ def tensor_core_widths(
         falls_back = (
             engine_falls_back
             and column.lookup_device is not LookupDevice.CPU
-            and (column.is_sequence or column.tensor_core_shape is not None)
+            and has_tensor_core_width(column)
         )
         if column.lookup_device is LookupDevice.TPU_TENSOR_CORE or falls_back:
             key = column.feature_key

@@ -31,7 +31,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_data_distribute
 from keras_tpu_embed._compat import tf_eager_context
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
-from keras_tpu_embed.lookup import registry
+from keras_tpu_embed.lookup import engine_registry
 from keras_tpu_embed.tpu.host_ids import engine_id_filter
 from keras_tpu_embed.tpu.host_ids import tensor_core_padding
 from keras_tpu_embed.tpu.host_shares import batch_size_of
@@ -189,7 +189,7 @@ def distribute_dataset(
 
     clean_ids = engine_id_filter(strategy, preprocessor)
     batch_size = global_batch_size
-    registry.note_dataset_batch(
+    engine_registry.note_dataset_batch(
         strategy, global_batch_size // strategy.num_replicas_in_sync
     )
 

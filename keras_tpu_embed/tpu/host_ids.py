@@ -21,7 +21,7 @@ from typing import Sequence
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
-from keras_tpu_embed.lookup import registry
+from keras_tpu_embed.lookup import engine_registry
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     tensor_core_widths,
 )
@@ -39,7 +39,7 @@ def engine_id_filter(
     weight_of: dict[str, str | None] = {}
     for column in getattr(preprocessor, "categorical_columns", None) or []:
         weight_of[column.feature_key] = column.weight_feature_key or None
-    engine = registry.registered_engine(strategy)
+    engine = engine_registry.registered_engine(strategy)
     dense_engine_keys: set[str] = set()
     if engine is not None:
         weight_of.update(engine.input_features)

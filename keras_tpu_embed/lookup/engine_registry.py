@@ -1,0 +1,78 @@
+"""One TPU embedding engine per strategy, V1 or SparseCore by the hardware.
+
+A TPU system has one embedding engine, so every layer built under one
+strategy is served by the same engine object: `engine_for` makes it at the
+first layer's build (a `SharedEngine` on V1 hardware, a `SparseCoreEngine`
+on V2) and hands it to every later one; `registered_engine` is how
+`kte.distribute_dataset` finds it. The per-replica batches of the
+strategy's datasets (`note_dataset_batch`) are kept here too, shared with
+the strategy's engine, which falls back to them when a step's inputs
+arrive with an unknown batch.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from keras_tpu_embed.lookup.embedding_core import SharedEngine
+from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
+from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+
+_ENGINES: weakref.WeakKeyDictionary[Any, SharedEngine] = (
+    weakref.WeakKeyDictionary()
+)
+
+# strategy -> the per-replica batches `kte.distribute_dataset` cut for it.
+_DATASET_BATCHES: weakref.WeakKeyDictionary[Any, set[int]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _dataset_batches(strategy: Any) -> set[int]:
+    """The batches noted for `strategy`, one set shared with its engine."""
+    try:
+        return _DATASET_BATCHES.setdefault(strategy, set())
+    except TypeError:
+        # Not weakly referenceable (a stand-in strategy): nothing recorded,
+        # so an unknown batch stays the error that names the fix.
+        return set()
+
+
+def note_dataset_batch(strategy: Any, per_replica_batch: int) -> None:
+    """Records a static per-replica batch a dataset of `strategy` has.
+
+    The engine falls back to it when a step's inputs arrive with an unknown
+    batch (`steps_per_execution > 1`, `engine_checks.set_static_batch`).
+    """
+    _dataset_batches(strategy).add(per_replica_batch)
+
+
+def registered_engine(strategy: Any) -> SharedEngine | None:
+    """The `SharedEngine` of `strategy`, if a layer registered with it."""
+    return _ENGINES.get(strategy)
+
+
+def engine_for(strategy: Any, hardware: EmbeddingHardware) -> SharedEngine:
+    """The one `SharedEngine` of `strategy`'s TPU system.
+
+    Args:
+        strategy: The strategy the layer is built under.
+        hardware: Its TPU's embedding hardware: `V2` (SparseCore) gets a
+            `SparseCoreEngine`, `V1` a `SharedEngine`.
+
+    Returns:
+        The engine made for `strategy` at its first call.
+    """
+    engine = _ENGINES.get(strategy)
+    if engine is None:
+        engine_class = (
+            SparseCoreEngine
+            if hardware is EmbeddingHardware.V2
+            else SharedEngine
+        )
+        engine = engine_class(
+            hardware, dataset_batches=_dataset_batches(strategy)
+        )
+        _ENGINES[strategy] = engine
+    return engine

@@ -1,0 +1,104 @@
+"""Each table's devices, decided once from the columns, the serving device
+and the hardware, and read by every part of the layer."""
+
+import logging
+
+import pytest
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+from keras_tpu_embed.lookup.device_plan import plan_devices
+from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.lookup.tables import group_into_tables
+from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from tests.engine_stand_in import StandInTPU
+
+NO_ENGINE = EmbeddingHardware.NO_ENGINE
+
+
+@pytest.fixture
+def fallback_lines():
+    """The log lines saying a table falls back to the tensor core."""
+    lines = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record):
+            if "falls back to the tensor-core lookup" in record.getMessage():
+                lines.append(record.getMessage())
+
+    recorder = Recorder()
+    tf.get_logger().addHandler(recorder)
+    yield lines
+    tf.get_logger().removeHandler(recorder)
+
+
+def test_a_table_that_falls_back_is_on_the_tensor_core_for_every_reader(
+    monkeypatch, fallback_lines
+):
+    # On a TPU without an engine the layer trains the table on the tensor
+    # core, so its tables must give it the dedupe scratch of tensor-core
+    # tables, and the fallback is decided (and said) once.
+    tpu = StandInTPU(monkeypatch, NO_ENGINE)
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20),
+        4,
+        tensor_core_shape=[None, 2],
+    )
+    config = kte.EmbeddingConfig(optimizer=kte.optimizers.SGD(0.1))
+    with tpu.strategy.scope():
+        layer = kte.TPUEmbeddingLayer([column], config=config)
+        layer.build({"user": (None, 2)})
+    assert sorted(layer._local._scratch) == ["user"]
+    assert len(fallback_lines) == 1
+
+
+def _tables(**column_kwargs):
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20), 4, **column_kwargs
+    )
+    return group_into_tables([column])
+
+
+def test_the_plan_decides_training_on_the_hardware_and_serving_once():
+    tables = _tables(tensor_core_shape=[None, 2])
+    on_cpu = plan_devices(tables, EmbeddingHardware.NONE, None)
+    on_engine = plan_devices(tables, EmbeddingHardware.V1, None)
+    assert on_cpu.training == {"user": LookupDevice.CPU}
+    assert on_engine.training == {"user": LookupDevice.TPU_EMBEDDING_CORE}
+    assert on_engine.on_engine("user") and not on_cpu.on_engine("user")
+    assert on_cpu.serving == on_engine.serving == {"user": LookupDevice.CPU}
+    core = on_engine.with_serving_device(tables, LookupDevice.TPU_TENSOR_CORE)
+    assert core.serving == {"user": LookupDevice.TPU_TENSOR_CORE}
+    assert core.training == on_engine.training
+    assert on_engine.serving == {"user": LookupDevice.CPU}  # not changed
+    assert on_engine.with_serving_device(tables, None) is on_engine
+
+
+def test_a_table_without_a_serving_device_says_why_when_asked():
+    tables = _tables(embedding_lookup_device="tpu_embedding_core")
+    plan = plan_devices(tables, EmbeddingHardware.V1, None)
+    assert plan.serving == {}
+    with pytest.raises(ValueError, match="not valid for serving"):
+        plan.check_serving()
+    plan.with_serving_device(tables, LookupDevice.CPU).check_serving()
+    unshaped = plan_devices(_tables(), EmbeddingHardware.NONE, None)
+    with pytest.raises(ValueError, match="no tensor_core_shape"):
+        unshaped.with_serving_device(
+            _tables(), LookupDevice.TPU_TENSOR_CORE
+        ).check_serving()
+
+
+def test_an_export_plan_leaves_the_layers_plan_alone():
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("user", 20),
+        4,
+        tensor_core_shape=[None, 2],
+    )
+    layer = kte.TPUEmbeddingLayer([column])
+    layer.build()
+    with layer.serving_lookups(LookupDevice.TPU_TENSOR_CORE):
+        assert layer._serving_plan.serving == {
+            "user": LookupDevice.TPU_TENSOR_CORE
+        }
+    assert layer._serving_plan is None
+    assert layer._devices.serving == {"user": LookupDevice.CPU}
