@@ -9,6 +9,7 @@ import dataclasses
 import os
 import sys
 from typing import Any
+from typing import Callable
 
 _BACKEND = os.environ.get("KERAS_BACKEND", "tensorflow")
 if _BACKEND != "tensorflow":
@@ -96,6 +97,8 @@ from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
 )
 from tensorflow.python.util import nest as tf_nest  # noqa: E402
 
+from keras_tpu_embed.types import InitializerLike  # noqa: E402
+from keras_tpu_embed.types import MidLevelEmbedding  # noqa: E402
 from keras_tpu_embed.types import TFFeatureColumn  # noqa: E402
 
 # A checkpoint dependency that saves and restores tensors of its own
@@ -148,7 +151,7 @@ class TPUColumnArguments:
     learning_rate_fn: Any
     embedding_lookup_device: Any
     tensor_core_shape: Any
-    initializer: Any
+    initializer: InitializerLike | None
     shared_embedding_collection_name: str  # empty: not a shared column
 
 
@@ -185,7 +188,7 @@ class SharedColumnCreatorArguments:
     """What `tf.feature_column.shared_embeddings` keeps of its arguments."""
 
     dimension: int
-    initializer: Any
+    initializer: InitializerLike | None
     name: str
     trainable: bool
     ckpt_to_load_from: str | None
@@ -321,7 +324,95 @@ tpu_extended_broadcast_output: Any = (
 )
 
 
+# ----------------------------------------------- the TPU embedding engine
+# The engine's tables live in TF's mid-level object; reading and writing
+# them between steps (for `.keras` files, checkpoints and warm starts) has
+# no public API in `tpu_embedding_v2.py` / `tpu_embedding_v3.py`.
+
+
+def mid_level_built(mid_level: MidLevelEmbedding) -> bool:
+    """Whether TF created the engine's tables: `TPUEmbedding._built`, set
+    at the first enqueue or `build` (`tensorflow/python/tpu/
+    tpu_embedding_v2.py`); there is no public flag."""
+    return bool(mid_level._built)
+
+
+def mid_level_table_variables(mid_level: MidLevelEmbedding) -> Any:
+    """`{table: {slot: sharded variable}}` with the TPU's values on the host.
+
+    `TPUEmbedding._retrieve_variables` copies the values from the TPU (as
+    TF does before a checkpoint save) and `_variables` holds them
+    (`tpu_embedding_v2.py`); the public `embedding_tables` has no slots.
+    """
+    mid_level._retrieve_variables()
+    return mid_level._variables
+
+
+def mid_level_load_variables(mid_level: MidLevelEmbedding) -> None:
+    """Sends the host copies of the tables to the TPU:
+    `TPUEmbedding._load_variables` (`tpu_embedding_v2.py`), which TF runs
+    after a checkpoint restore; no public API."""
+    mid_level._load_variables()
+
+
+def engine_optimizer_slot_names(optimizer: Any) -> list[str]:
+    """The slots of a `tf.tpu.experimental.embedding` optimizer:
+    `_Optimizer._slot_names` (`tpu_embedding_v2_utils.py`), which TF reads
+    to create them; no public accessor."""
+    return list(optimizer._slot_names())
+
+
+def traced_replica_id(context: Any) -> int:
+    """The replica whose function is being traced, 0 when not known.
+
+    Under `TPUStrategy` `_replica_id_in_sync_group` (`distribute_lib.py`)
+    is a tensor: one function is traced for all cores, so the answer is 0;
+    replicas that trace one function each have it as a Python int.
+    """
+    replica = getattr(context, "_replica_id_in_sync_group", 0)
+    return replica if isinstance(replica, int) else 0
+
+
+def wrap_sparsecore_preprocessing(
+    mid_level: MidLevelEmbedding,
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> None:
+    """Replaces `TPUEmbeddingV2._preprocess_features` by `wrap(original)`.
+
+    `TPUEmbeddingV2.enqueue` (`tensorflow/python/tpu/tpu_embedding_v3.py`)
+    runs this host preprocessing under outside compilation with the step's
+    own inputs; it is the only place where sequence features can be
+    rewritten on the host and still reach the enqueue as direct inputs.
+    """
+    mid_level._preprocess_features = wrap(mid_level._preprocess_features)
+
+
+def sparsecore_clone_feature_config(feature_configs: Any) -> Any:
+    """`tpu_embedding_v3._clone_feature_config`: a deep copy of a feature
+    config that keeps shared tables shared, as `TPUEmbeddingV2` makes one
+    before stacking; private in `tpu_embedding_v3.py`."""
+    return tf_tpu_embedding_v3._clone_feature_config(feature_configs)
+
+
+def sparsecore_stack_tables(*args: Any) -> Any:
+    """`tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer`:
+    TF's table stacking for SparseCore, run as `TPUEmbeddingV2` runs it so
+    that the layout read back is the chip's; private in
+    `tpu_embedding_v3.py`."""
+    return tf_tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(
+        *args
+    )
+
+
 __all__ = [
+    "mid_level_built",
+    "mid_level_table_variables",
+    "mid_level_load_variables",
+    "engine_optimizer_slot_names",
+    "traced_replica_id",
+    "wrap_sparsecore_preprocessing",
+    "sparsecore_clone_feature_config",
+    "sparsecore_stack_tables",
     "SharedColumnCreatorArguments",
     "TFTPUEmbeddingColumn",
     "TFTPUSharedEmbeddingColumn",

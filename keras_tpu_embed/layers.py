@@ -22,6 +22,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns import vocabulary_files_from_archive
+from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.config import as_config
 from keras_tpu_embed.export import layer_variables
@@ -48,6 +49,7 @@ from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.serialization import with_load_hint
 from keras_tpu_embed.serialization import without_load_hint
 from keras_tpu_embed.tpu import hardware as tpu_hardware
+from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
 
 
@@ -125,7 +127,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
 
     def __init__(
         self,
-        columns: Sequence[Any],
+        columns: Sequence[EmbeddingColumnLike],
         config: EmbeddingConfig | None = None,
         serving_lookup_device: str | None = None,
         output: str = "dict",
@@ -394,8 +396,8 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
 
     # ---------------------------------------------------------- serialization
 
-    def get_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = super().get_config()
+    def get_config(self) -> KerasConfig:
+        config: KerasConfig = super().get_config()
         config.update(
             {
                 "columns": [
@@ -414,7 +416,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return with_load_hint(config)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> Any:
+    def from_config(cls, config: KerasConfig) -> Any:
         config = without_load_hint(config)
         with vocabulary_files_from_archive():
             config["columns"] = [

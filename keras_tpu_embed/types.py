@@ -35,3 +35,12 @@ type information, so this names what is expected."""
 
 LookupTable: TypeAlias = Any
 """A `tf.lookup.StaticHashTable` or `tf.lookup.StaticVocabularyTable`."""
+
+LookupInitializer: TypeAlias = Any
+"""A `tf.lookup` table initializer: `tf.lookup.TextFileInitializer` or
+`tf.lookup.KeyValueTensorInitializer`."""
+
+MidLevelEmbedding: TypeAlias = Any
+"""TF's TPU embedding mid-level object:
+`tf.tpu.experimental.embedding.TPUEmbedding` (or `TPUEmbeddingV2` on
+SparseCore); TensorFlow ships no type information."""

@@ -100,9 +100,6 @@ def test_ci_runs_the_suite_on_both_supported_tensorflow_versions():
 # Files whose private accesses other changes own and route through
 # `_compat.py`; the lead empties this at merge.
 PRIVATE_ACCESS_OWNED_ELSEWHERE = {
-    "lookup/embedding_core.py",  # owned by another change
-    "lookup/sparsecore.py",  # owned by another change
-    "lookup/sparsecore_layout.py",  # owned by another change
     "export/serving.py",  # owned by another change
 }
 

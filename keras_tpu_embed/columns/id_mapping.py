@@ -27,6 +27,7 @@ from keras_tpu_embed.preprocessing.ids import as_rank_2
 from keras_tpu_embed.preprocessing.ids import check_integer
 from keras_tpu_embed.preprocessing.ids import ids_below
 from keras_tpu_embed.preprocessing.ids import map_to_default
+from keras_tpu_embed.types import LookupInitializer
 from keras_tpu_embed.types import LookupTable
 from keras_tpu_embed.types import Tensor
 
@@ -146,7 +147,9 @@ class _UnsharedTextFileInitializer(tf.lookup.TextFileInitializer):  # type: igno
         return ""
 
 
-def _lookup_table(initializer: Any, num_oov_buckets: int, default: int) -> Any:
+def _lookup_table(
+    initializer: LookupInitializer, num_oov_buckets: int, default: int
+) -> LookupTable:
     # Each table has a name of its own (see `_UnsharedTextFileInitializer`)
     # but is not anonymous: an anonymous table cannot be serialized with a
     # dataset's graph, which is how an input pipeline reaches a pod's hosts

@@ -22,18 +22,21 @@ from keras_tpu_embed._compat import tpu_column_arguments
 from keras_tpu_embed.columns import embedding as embedding_lib
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.tf_categorical import to_categorical_column
+from keras_tpu_embed.types import InitializerLike
 from keras_tpu_embed.types import TFFeatureColumn
 
 
-def _initializer(initializer: Any) -> Any:
+def _initializer(
+    initializer: InitializerLike | None,
+) -> InitializerLike | None:
     """Maps TF's default truncated normal to its serializable Keras twin."""
-    if type(initializer) is tf_init_ops.TruncatedNormal:
-        return keras.initializers.TruncatedNormal(
-            mean=initializer.mean,
-            stddev=initializer.stddev,
-            seed=initializer.seed,
-        )
-    return initializer
+    if type(initializer) is not tf_init_ops.TruncatedNormal:
+        return initializer
+    default: Any = initializer  # TF's own class: mypy sees no fields
+    twin: InitializerLike = keras.initializers.TruncatedNormal(
+        mean=default.mean, stddev=default.stddev, seed=default.seed
+    )
+    return twin
 
 
 def _device_name(arguments: TPUColumnArguments) -> str | None:

@@ -19,8 +19,10 @@ from typing import AbstractSet
 from typing import Any
 
 from keras_tpu_embed._compat import keras_in_symbolic_scope
+from keras_tpu_embed._compat import mid_level_built
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_tpu_util
+from keras_tpu_embed._compat import traced_replica_id
 from keras_tpu_embed.lookup import engine_checks
 from keras_tpu_embed.lookup.engine_variables import EngineMember
 from keras_tpu_embed.lookup.engine_variables import EngineVariables
@@ -47,9 +49,7 @@ def _replica_id() -> int:
     that trace one function each (`MirroredStrategy`, the emulated TPU)
     each need their own enqueue and dequeue in the same graph.
     """
-    context = tf.distribute.get_replica_context()
-    replica = getattr(context, "_replica_id_in_sync_group", 0)
-    return replica if isinstance(replica, int) else 0
+    return traced_replica_id(tf.distribute.get_replica_context())
 
 
 class EngineStep(EngineVariables):
@@ -244,7 +244,7 @@ class EngineStep(EngineVariables):
     def _enqueue(self, features: Any, weights: Any, name: str) -> None:
         try:
             self._mid_level.enqueue(features, weights, training=True, name=name)
-            if self._pending and self._mid_level._built:
+            if self._pending and mid_level_built(self._mid_level):
                 # The enqueue created the tables (eagerly, in TF's init
                 # scope): the values loaded before go onto the TPU now.
                 with tf.init_scope():

@@ -20,6 +20,10 @@ from typing import Sequence
 
 from keras_tpu_embed._compat import TFSaveSpec
 from keras_tpu_embed._compat import Trackable
+from keras_tpu_embed._compat import engine_optimizer_slot_names
+from keras_tpu_embed._compat import mid_level_built
+from keras_tpu_embed._compat import mid_level_load_variables
+from keras_tpu_embed._compat import mid_level_table_variables
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.tpu.hardware import EmbeddingHardware
@@ -96,7 +100,7 @@ class EngineVariables:
             if config.name == table:
                 shape = [config.vocabulary_size, config.dim]
                 optimizer = config.optimizer or self._optimizer
-                slots = ["parameters", *optimizer._slot_names()]
+                slots = ["parameters", *engine_optimizer_slot_names(optimizer)]
                 return {slot: shape for slot in slots}
         raise KeyError(
             f"No table '{table}' on the TPU embedding engine. Its tables: "
@@ -124,21 +128,20 @@ class EngineVariables:
 
     def _tables_created(self) -> bool:
         """Whether TF created the tables (at the engine's first step)."""
-        return self._mid_level is not None and bool(self._mid_level._built)
+        return self._mid_level is not None and mid_level_built(self._mid_level)
 
     def _read_created(
         self, keys: list[tuple[str, str]]
     ) -> dict[tuple[str, str], Any]:
         """`read_tables` once the tables exist."""
-        mid_level = self._mid_level
         # Under a TPUStrategy the host copies are stale until TF retrieves
         # them from the TPU, as it does before a checkpoint save.
-        mid_level._retrieve_variables()
+        variables = mid_level_table_variables(self._mid_level)
         return {
             (table, slot): tf.concat(
                 [
                     tf.convert_to_tensor(shard)
-                    for shard in mid_level._variables[table][slot].variables
+                    for shard in variables[table][slot].variables
                 ],
                 0,
             ).numpy()
@@ -161,17 +164,16 @@ class EngineVariables:
             self._load_pending()
 
     def _load_pending(self) -> None:
-        mid_level = self._mid_level
-        mid_level._retrieve_variables()
+        variables = mid_level_table_variables(self._mid_level)
         for (table, slot), value in self._pending.items():
-            variable = mid_level._variables[table][slot]
+            variable = variables[table][slot]
             start = 0
             for shard in variable.variables:
                 rows = int(shard.shape[0])
                 shard.assign(value[start : start + rows])
                 start += rows
         self._pending = {}
-        mid_level._load_variables()
+        mid_level_load_variables(self._mid_level)
 
 
 class EngineTableCheckpoint(Trackable):  # type: ignore[misc]
@@ -188,7 +190,7 @@ class EngineTableCheckpoint(Trackable):  # type: ignore[misc]
     tables; a save raises).
     """
 
-    def __init__(self, engine: Any, table: str, slot: str) -> None:
+    def __init__(self, engine: EngineVariables, table: str, slot: str) -> None:
         self._engine = engine
         self._table = table
         self._slot = slot

@@ -32,6 +32,7 @@ from keras_tpu_embed._compat import keras_in_stateless_scope
 from keras_tpu_embed._compat import keras_random_seed
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.types import InitializerLike
+from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
 
 BLOCK_BYTES = 64 * 2**20
@@ -217,7 +218,7 @@ class EngineInitializer(keras.initializers.Initializer):  # type: ignore[misc]
         }
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> EngineInitializer:
+    def from_config(cls, config: KerasConfig) -> EngineInitializer:
         return cls(keras.saving.deserialize_keras_object(config["initializer"]))
 
 

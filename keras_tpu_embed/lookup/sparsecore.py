@@ -26,11 +26,13 @@ every layer receiving every engine feature, the gradient trap) driving
 from __future__ import annotations
 
 from typing import Any
+from typing import Callable
 from typing import Sequence
 
 import numpy as np
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import wrap_sparsecore_preprocessing
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import sparsecore_layout
@@ -244,21 +246,23 @@ def _truncate_sequences_in_preprocessing(
     host, by `_positions_as_samples`: so the TPU program gets no sparse op
     of ours, and the enqueue still receives the step's direct inputs.
     """
-    original = mid_level._preprocess_features
 
-    def preprocess(*args: Any, **kwargs: Any) -> Any:
-        inputs = list(kwargs["flat_inputs"])
-        weights = list(kwargs.get("flat_weights") or [None] * len(inputs))
-        for i, (_, feature) in enumerate(kwargs["flat_features"]):
-            shape = list(feature.output_shape)
-            if len(shape) == 2:
-                inputs[i], weights[i] = _positions_as_samples(
-                    inputs[i], weights[i], shape[1], shape[0]
-                )
-        kwargs["flat_inputs"], kwargs["flat_weights"] = inputs, weights
-        return original(*args, **kwargs)
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def preprocess(*args: Any, **kwargs: Any) -> Any:
+            inputs = list(kwargs["flat_inputs"])
+            weights = list(kwargs.get("flat_weights") or [None] * len(inputs))
+            for i, (_, feature) in enumerate(kwargs["flat_features"]):
+                shape = list(feature.output_shape)
+                if len(shape) == 2:
+                    inputs[i], weights[i] = _positions_as_samples(
+                        inputs[i], weights[i], shape[1], shape[0]
+                    )
+            kwargs["flat_inputs"], kwargs["flat_weights"] = inputs, weights
+            return original(*args, **kwargs)
 
-    mid_level._preprocess_features = preprocess
+        return preprocess
+
+    wrap_sparsecore_preprocessing(mid_level, wrap)
 
 
 class SparseCoreEngine(SharedEngine):

@@ -28,9 +28,10 @@ from typing import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from keras_tpu_embed._compat import sparsecore_clone_feature_config
+from keras_tpu_embed._compat import sparsecore_stack_tables
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_nest
-from keras_tpu_embed._compat import tf_tpu_embedding_v3
 from keras_tpu_embed._compat import tf_tpu_embedding_v3_utils
 from keras_tpu_embed.types import Tensor
 
@@ -79,16 +80,14 @@ def stacking_layouts(
     `output_shape` set), for `partitions` TPU chips (replicas) of
     `cores_per_partition` SparseCores each.
     """
-    features = tf_tpu_embedding_v3._clone_feature_config(feature_configs)
+    features = sparsecore_clone_feature_config(feature_configs)
     tables = list({id(f.table): f.table for f in features.values()}.values())
-    stacking = (
-        tf_tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(
-            tables,
-            tf_nest.flatten_with_joined_string_paths(features),
-            partitions,
-            cores_per_partition,
-            None,
-        )
+    stacking = sparsecore_stack_tables(
+        tables,
+        tf_nest.flatten_with_joined_string_paths(features),
+        partitions,
+        cores_per_partition,
+        None,
     )
     return dict(stacking.table_to_layout)
 
