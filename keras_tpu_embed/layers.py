@@ -21,7 +21,6 @@ from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.columns import vocabulary_assets
-from keras_tpu_embed.columns import vocabulary_files_from_archive
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.config import as_config
@@ -29,6 +28,8 @@ from keras_tpu_embed.export import layer_variables
 from keras_tpu_embed.export.quantization import QuantizedTable
 from keras_tpu_embed.export.quantization import check_table_dtype
 from keras_tpu_embed.export.quantization import quantized_copies
+from keras_tpu_embed.layer_config import layer_arguments
+from keras_tpu_embed.layer_config import layer_config
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
 from keras_tpu_embed.lookup.device_plan import DevicePlan
@@ -46,8 +47,6 @@ from keras_tpu_embed.preprocessing.layer_io import LayerInputs
 from keras_tpu_embed.preprocessing.layer_io import LayerOutputs
 from keras_tpu_embed.preprocessing.layer_io import check_output_mode
 from keras_tpu_embed.serialization import serializable
-from keras_tpu_embed.serialization import with_load_hint
-from keras_tpu_embed.serialization import without_load_hint
 from keras_tpu_embed.tpu import hardware as tpu_hardware
 from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
@@ -397,63 +396,28 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     # ---------------------------------------------------------- serialization
 
     def get_config(self) -> KerasConfig:
-        config: KerasConfig = super().get_config()
-        config.update(
-            {
-                "columns": [
-                    keras.saving.serialize_keras_object(c) for c in self.columns
-                ],
-                "config": keras.saving.serialize_keras_object(self.config),
-                "serving_lookup_device": (
-                    None
-                    if self.serving_lookup_device is None
-                    else self.serving_lookup_device.value
-                ),
-                "output": self.output_mode,
-                "return_sequence_lengths": self.return_sequence_lengths,
-            }
+        return layer_config(
+            super().get_config(),
+            self.columns,
+            self.config,
+            self.serving_lookup_device,
+            self.output_mode,
+            self.return_sequence_lengths,
         )
-        return with_load_hint(config)
 
     @classmethod
     def from_config(cls, config: KerasConfig) -> Any:
-        config = without_load_hint(config)
-        with vocabulary_files_from_archive():
-            config["columns"] = [
-                keras.saving.deserialize_keras_object(c)
-                for c in config["columns"]
-            ]
-        config["config"] = keras.saving.deserialize_keras_object(
-            config["config"]
-        )
-        return cls(**config)
+        return cls(**layer_arguments(config))
 
     def save_own_variables(self, store: Any) -> None:
-        """Stores tables and slots by name (`export/layer_variables.py`).
-
-        Tables on the TPU embedding engine are read from the TPU and stored
-        under the same names as a layer that holds them itself, so the file
-        loads into the model on CPU as well.
-        """
-        layer_variables.save_layer_variables(self, store)
-        if self._engine_tables is not None:
-            for key, value in self._engine_tables.file_values().items():
-                store[key] = value
+        """Stores tables and slots by name (`export/layer_variables.py`)."""
+        layer_variables.save_layer_variables(self, store, self._engine_tables)
 
     def load_own_variables(self, store: Any) -> None:
-        """By name, or by position for files stored so; see `loading`.
-
-        Tables on the TPU embedding engine are loaded onto the TPU (at the
-        engine's first step when TF has not created them yet).
-        """
+        """By name, or by position for files stored so; see `loading`."""
         engine = self._engine_tables
-        own, on_engine = (
-            (store, {}) if engine is None else engine.split_file(store)
-        )
-        if not layer_variables.load_layer_variables(self, own):
+        if not layer_variables.load_layer_variables(self, store, engine):
             super().load_own_variables(store)
-        if engine is not None and on_engine:
-            engine.load_file_values(on_engine)
 
     def save_assets(self, dir_path: str) -> None:
         """Copies the columns' vocabulary files into a `.keras` archive."""

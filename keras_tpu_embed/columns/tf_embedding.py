@@ -11,14 +11,14 @@ from __future__ import annotations
 from typing import Any
 from typing import Iterable
 
-from keras_tpu_embed._compat import TFTPUEmbeddingColumn
-from keras_tpu_embed._compat import TFTPUSharedEmbeddingColumn
-from keras_tpu_embed._compat import TPUColumnArguments
 from keras_tpu_embed._compat import keras
-from keras_tpu_embed._compat import shared_column_creator_arguments
 from keras_tpu_embed._compat import tf_feature_column_v2 as fc
 from keras_tpu_embed._compat import tf_init_ops
-from keras_tpu_embed._compat import tpu_column_arguments
+from keras_tpu_embed._tf_private import TFTPUEmbeddingColumn
+from keras_tpu_embed._tf_private import TFTPUSharedEmbeddingColumn
+from keras_tpu_embed._tf_private import TPUColumnArguments
+from keras_tpu_embed._tf_private import shared_column_creator_arguments
+from keras_tpu_embed._tf_private import tpu_column_arguments
 from keras_tpu_embed.columns import embedding as embedding_lib
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.tf_categorical import to_categorical_column

@@ -8,6 +8,7 @@ Keras' creation-order positions.
 from __future__ import annotations
 
 from typing import Any
+from typing import Mapping
 from typing import Protocol
 
 from keras_tpu_embed.lookup.tables import TableSpec
@@ -32,6 +33,20 @@ class EmbeddingLayerState(Protocol):
         """The table's optimizer slots, by slot name."""
 
 
+class EngineFileTables(Protocol):
+    """The layer's tables on the TPU embedding engine, in a `.keras` file
+    (`lookup/embedding_core.py`'s `EngineTables`)."""
+
+    def file_values(self) -> dict[str, Any]:
+        """File key -> the table or slot as it is on the TPU now."""
+
+    def split_file(self, store: Any) -> tuple[Any, dict[str, Any]]:
+        """A weights store as (the layer's own, the engine's)."""
+
+    def load_file_values(self, values: Mapping[str, Any]) -> None:
+        """Loads file key -> value onto the TPU."""
+
+
 def _named_layer_variables(layer: EmbeddingLayerState) -> dict[str, Any]:
     """A built embedding layer's own variables, keyed by what they are.
 
@@ -49,30 +64,54 @@ def _named_layer_variables(layer: EmbeddingLayerState) -> dict[str, Any]:
     return named
 
 
-def save_layer_variables(layer: EmbeddingLayerState, store: Any) -> None:
+def save_layer_variables(
+    layer: EmbeddingLayerState,
+    store: Any,
+    engine: EngineFileTables | None = None,
+) -> None:
     """`save_own_variables` of the embedding layers: by name, not position.
 
     Keras' `Layer.save_own_variables` stores variables as `"0"`, `"1"`, ...
     in creation order, so a layer whose columns are listed in another order
-    would load one table into another of the same shape.
+    would load one table into another of the same shape. Tables on the TPU
+    embedding engine are read from the TPU and stored under the same names
+    as a layer that holds them itself, so the file loads on CPU as well.
     """
     for key, variable in _named_layer_variables(layer).items():
         # As numpy: the store would call np.array on a tf.Variable, whose
         # `__array__` takes no `copy` (a DeprecationWarning under numpy 2).
         store[key] = variable.numpy()
+    if engine is not None:
+        for key, value in engine.file_values().items():
+            store[key] = value
 
 
-def load_layer_variables(layer: EmbeddingLayerState, store: Any) -> bool:
+def load_layer_variables(
+    layer: EmbeddingLayerState,
+    store: Any,
+    engine: EngineFileTables | None = None,
+) -> bool:
     """`load_own_variables` by name; False for a file stored by position.
 
     Files written before the layers saved by name hold `"0"`, `"1"`, ...:
-    the caller loads those with Keras' positional rule.
+    the caller loads those with Keras' positional rule. Tables on the TPU
+    embedding engine are loaded onto the TPU (at the engine's first step
+    when TF has not created them yet).
 
     Raises:
         ValueError: the file's tables or slots differ from the layer's in
             name or shape; the message lists both sides.
     """
-    keys = sorted(str(key) for key in store.keys())
+    own, on_engine = (store, {}) if engine is None else engine.split_file(store)
+    loaded = _load_named(layer, own)
+    if engine is not None and on_engine:
+        engine.load_file_values(on_engine)
+    return loaded
+
+
+def _load_named(layer: EmbeddingLayerState, own: Any) -> bool:
+    """`load_layer_variables` of the layer's own tables."""
+    keys = sorted(str(key) for key in own.keys())
     if keys and all(key.isdigit() for key in keys):
         return False
     if not layer.built:
@@ -81,7 +120,7 @@ def load_layer_variables(layer: EmbeddingLayerState, store: Any) -> bool:
             "no tables to load into; build the model (call it once) first."
         )
     named = _named_layer_variables(layer)
-    values = {key: store[key] for key in keys}
+    values = {key: own[key] for key in keys}
     in_file = {key: list(value.shape) for key, value in values.items()}
     in_layer = {key: list(var.shape) for key, var in named.items()}
     if in_file != in_layer:

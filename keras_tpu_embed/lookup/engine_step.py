@@ -19,10 +19,10 @@ from typing import AbstractSet
 from typing import Any
 
 from keras_tpu_embed._compat import keras_in_symbolic_scope
-from keras_tpu_embed._compat import mid_level_built
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_tpu_util
-from keras_tpu_embed._compat import traced_replica_id
+from keras_tpu_embed._tf_private import mid_level_built
+from keras_tpu_embed._tf_private import replica_index
 from keras_tpu_embed.lookup import engine_checks
 from keras_tpu_embed.lookup.engine_variables import EngineMember
 from keras_tpu_embed.lookup.engine_variables import EngineVariables
@@ -49,7 +49,7 @@ def _replica_id() -> int:
     that trace one function each (`MirroredStrategy`, the emulated TPU)
     each need their own enqueue and dequeue in the same graph.
     """
-    return traced_replica_id(tf.distribute.get_replica_context())
+    return replica_index(tf.distribute.get_replica_context())
 
 
 class EngineStep(EngineVariables):

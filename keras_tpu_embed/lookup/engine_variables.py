@@ -20,11 +20,11 @@ from typing import Sequence
 
 from keras_tpu_embed._compat import TFSaveSpec
 from keras_tpu_embed._compat import Trackable
-from keras_tpu_embed._compat import engine_optimizer_slot_names
-from keras_tpu_embed._compat import mid_level_built
-from keras_tpu_embed._compat import mid_level_load_variables
-from keras_tpu_embed._compat import mid_level_table_variables
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._tf_private import engine_optimizer_slot_names
+from keras_tpu_embed._tf_private import mid_level_built
+from keras_tpu_embed._tf_private import mid_level_load_variables
+from keras_tpu_embed._tf_private import mid_level_table_variables
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.tpu.hardware import EmbeddingHardware
 

@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed._compat import wrap_sparsecore_preprocessing
+from keras_tpu_embed._tf_private import wrap_sparsecore_preprocessing
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import sparsecore_layout

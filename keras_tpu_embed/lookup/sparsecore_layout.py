@@ -28,11 +28,11 @@ from typing import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from keras_tpu_embed._compat import sparsecore_clone_feature_config
-from keras_tpu_embed._compat import sparsecore_stack_tables
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_nest
 from keras_tpu_embed._compat import tf_tpu_embedding_v3_utils
+from keras_tpu_embed._tf_private import sparsecore_clone_feature_config
+from keras_tpu_embed._tf_private import sparsecore_stack_tables
 from keras_tpu_embed.types import Tensor
 
 

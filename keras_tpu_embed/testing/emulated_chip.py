@@ -40,7 +40,6 @@ from tensorflow.core.protobuf.tpu import (
     tpu_embedding_configuration_pb2 as config_pb2,
 )
 
-from keras_tpu_embed._compat import replica_index
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
 from keras_tpu_embed._compat import (
@@ -48,6 +47,7 @@ from keras_tpu_embed._compat import (
 )
 from keras_tpu_embed._compat import tf_tpu_ops as tpu_ops
 from keras_tpu_embed._compat import tf_tpu_util as tpu_util
+from keras_tpu_embed._tf_private import replica_index
 from keras_tpu_embed.testing import engine_rules
 from keras_tpu_embed.testing.chip_kernels import ChipTable
 from keras_tpu_embed.testing.chip_kernels import Enqueued

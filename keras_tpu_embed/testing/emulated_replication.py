@@ -16,10 +16,6 @@ from typing import Iterator
 
 import numpy as np
 
-from keras_tpu_embed._compat import control_flow_context
-from keras_tpu_embed._compat import mark_tpu_input_identity
-from keras_tpu_embed._compat import replica_index
-from keras_tpu_embed._compat import set_control_flow_context
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_control_flow_ops as control_flow_ops
 from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
@@ -27,8 +23,12 @@ from keras_tpu_embed._compat import tf_distribute_utils as distribute_utils
 from keras_tpu_embed._compat import tf_ops as ops
 from keras_tpu_embed._compat import tf_tpu
 from keras_tpu_embed._compat import tf_tpu_replication as tpu_replication
-from keras_tpu_embed._compat import tpu_flatten_and_filter_composite
-from keras_tpu_embed._compat import tpu_pad_all_input
+from keras_tpu_embed._tf_private import control_flow_context
+from keras_tpu_embed._tf_private import mark_tpu_input_identity
+from keras_tpu_embed._tf_private import replica_index
+from keras_tpu_embed._tf_private import set_control_flow_context
+from keras_tpu_embed._tf_private import tpu_flatten_and_filter_composite
+from keras_tpu_embed._tf_private import tpu_pad_all_input
 
 
 class ReplicateContext(tpu_replication.TPUReplicateContext):  # type: ignore[misc]

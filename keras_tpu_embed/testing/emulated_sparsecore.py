@@ -76,10 +76,10 @@ from __future__ import annotations
 from typing import Any
 from typing import Callable
 
-from keras_tpu_embed._compat import replica_index
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_distribute_lib as distribute_lib
 from keras_tpu_embed._compat import tf_gen_xla_ops as gen_xla_ops
+from keras_tpu_embed._tf_private import replica_index
 from keras_tpu_embed.testing import sparsecore_host_ops
 from keras_tpu_embed.testing.sparsecore_kernels import Array
 from keras_tpu_embed.testing.sparsecore_kernels import SparseCoreError

@@ -72,8 +72,8 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_mirrored_strategy as mirrored_strategy
 from keras_tpu_embed._compat import tf_tpu_strategy as tpu_strategy
 from keras_tpu_embed._compat import tf_tpu_util as tpu_util
-from keras_tpu_embed._compat import tpu_extended_broadcast_output
-from keras_tpu_embed._compat import tpu_extended_reduce_to
+from keras_tpu_embed._tf_private import tpu_extended_broadcast_output
+from keras_tpu_embed._tf_private import tpu_extended_reduce_to
 from keras_tpu_embed.testing.emulated_chip import EmulatedChip
 from keras_tpu_embed.testing.emulated_devices import by_host
 from keras_tpu_embed.testing.emulated_devices import cpu_devices

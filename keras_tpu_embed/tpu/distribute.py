@@ -24,12 +24,12 @@ from typing import Any
 from typing import Callable
 from typing import Sequence
 
-from keras_tpu_embed._compat import distributed_dataset_cardinality
-from keras_tpu_embed._compat import distributed_dataset_options
-from keras_tpu_embed._compat import set_distributed_dataset_cardinality
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_data_distribute
 from keras_tpu_embed._compat import tf_eager_context
+from keras_tpu_embed._tf_private import distributed_dataset_cardinality
+from keras_tpu_embed._tf_private import distributed_dataset_options
+from keras_tpu_embed._tf_private import set_distributed_dataset_cardinality
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.lookup import engine_registry
 from keras_tpu_embed.tpu.host_ids import engine_id_filter

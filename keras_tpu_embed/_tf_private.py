@@ -1,0 +1,278 @@
+"""TensorFlow's private fields, each read (or set) by one named function.
+
+Some things the package needs have no public API in TensorFlow: a TPU
+column's arguments, a distributed dataset's cardinality, the TPU embedding
+engine's tables between steps, what `tpu.replicate` does around a step.
+Each is read here, through a function whose docstring names the TF source
+that defines the field and why no public road exists, so that a TensorFlow
+upgrade breaks this module only. Everything else reads TensorFlow through
+its public API (`_compat.py` imports the internal modules).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from typing import Callable
+
+from keras_tpu_embed._compat import tf_attr_value_pb2
+from keras_tpu_embed._compat import tf_tpu
+from keras_tpu_embed._compat import tf_tpu_embedding_v3
+from keras_tpu_embed._compat import tf_tpu_feature_column_v2
+from keras_tpu_embed._compat import tf_tpu_strategy
+from keras_tpu_embed.types import InitializerLike
+from keras_tpu_embed.types import MidLevelEmbedding
+from keras_tpu_embed.types import TFFeatureColumn
+
+
+@dataclasses.dataclass(frozen=True)
+class TPUColumnArguments:
+    """What a TF TPU embedding column keeps of its constructor privately."""
+
+    max_sequence_length: int
+    learning_rate_fn: Any
+    embedding_lookup_device: Any
+    tensor_core_shape: Any
+    initializer: InitializerLike | None
+    shared_embedding_collection_name: str  # empty: not a shared column
+
+
+def tpu_column_arguments(column: TFFeatureColumn) -> TPUColumnArguments:
+    """The private arguments of a `_TPUEmbeddingColumnV2` or
+    `_TPUSharedEmbeddingColumnV2`.
+
+    `tensorflow/python/tpu/feature_column_v2.py` stores
+    `max_sequence_length`, `learning_rate_fn`, `embedding_lookup_device`
+    and `tensor_core_shape` (and, for shared columns, `initializer` and
+    `shared_embedding_collection_name`) only as `_`-attributes set in
+    `__new__` / `__init__`, with no property: converting such a column to
+    ours must read them there. The device and shape are absent on columns
+    built before TF had them (None then); a column that is not shared has
+    no initializer here (its public `initializer` holds it) and an empty
+    collection name.
+    """
+    return TPUColumnArguments(
+        max_sequence_length=column._max_sequence_length,
+        learning_rate_fn=column._learning_rate_fn,
+        embedding_lookup_device=getattr(
+            column, "_embedding_lookup_device", None
+        ),
+        tensor_core_shape=getattr(column, "_tensor_core_shape", None),
+        initializer=getattr(column, "_initializer", None),
+        shared_embedding_collection_name=getattr(
+            column, "_shared_embedding_collection_name", ""
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedColumnCreatorArguments:
+    """What `tf.feature_column.shared_embeddings` keeps of its arguments."""
+
+    dimension: int
+    initializer: InitializerLike | None
+    name: str
+    trainable: bool
+    ckpt_to_load_from: str | None
+    tensor_name_in_ckpt: str | None
+
+
+def shared_column_creator_arguments(
+    creator: Any,
+) -> SharedColumnCreatorArguments:
+    """The arguments of a `SharedEmbeddingColumnCreator`.
+
+    `tensorflow/python/feature_column/feature_column_v2.py`'s
+    `SharedEmbeddingColumnCreator.__init__` stores them as `_dimension`,
+    `_initializer`, `_name`, `_trainable`, `_ckpt_to_load_from` and
+    `_tensor_name_in_ckpt`; its only property is `embedding_weights`, so the
+    shared table's size and initializer can be read nowhere else.
+    """
+    return SharedColumnCreatorArguments(
+        dimension=creator._dimension,
+        initializer=creator._initializer,
+        name=creator._name,
+        trainable=bool(creator._trainable),
+        ckpt_to_load_from=creator._ckpt_to_load_from,
+        tensor_name_in_ckpt=creator._tensor_name_in_ckpt,
+    )
+
+
+# The classes of `tf.compat.v1.tpu.experimental.embedding_column` and
+# `shared_embedding_columns`: TF exports the factories, not the classes
+# (`tensorflow/python/tpu/feature_column_v2.py`).
+TFTPUEmbeddingColumn: Any = tf_tpu_feature_column_v2._TPUEmbeddingColumnV2
+TFTPUSharedEmbeddingColumn: Any = (
+    tf_tpu_feature_column_v2._TPUSharedEmbeddingColumnV2
+)
+
+
+def distributed_dataset_options(distributed: Any) -> Any:
+    """The `tf.distribute.InputOptions` a distributed dataset was made
+    with, or None.
+
+    `DistributedDataset` and `DistributedDatasetsFromFunction`
+    (`tensorflow/python/distribute/input_lib.py`) keep them as `_options`
+    with no property; whether they fetch to the device decides whether the
+    embedding engine can read their ids on the host.
+    """
+    return getattr(distributed, "_options", None)
+
+
+def distributed_dataset_cardinality(distributed: Any) -> int | None:
+    """The number of elements a distributed dataset reports, or None.
+
+    Its public `cardinality` property (`input_lib.py`) raises before the
+    dataset is built; the `_cardinality` it returns is read directly so
+    that an unbuilt dataset answers None.
+    """
+    batches = getattr(distributed, "_cardinality", None)
+    return None if batches is None else int(batches)
+
+
+def set_distributed_dataset_cardinality(distributed: Any, steps: int) -> None:
+    """Makes a distributed dataset report `steps` as its `cardinality`.
+
+    `input_lib.py` computes `_cardinality` from the first host's dataset and
+    offers no setter; Keras reads it for the steps of an epoch.
+    """
+    distributed._cardinality = steps
+
+
+def replica_index(context: Any) -> int:
+    """The replica whose function is being traced, 0 when not known.
+
+    Replicas that trace one function each (`MirroredStrategy`, the emulated
+    TPU) key their per-replica buffers and enqueues by it.
+
+    Under `TPUStrategy` `_replica_id_in_sync_group` (`distribute_lib.py`)
+    is a tensor: one function is traced for all cores, so the answer is 0;
+    replicas that trace one function each have it as a Python int.
+    """
+    replica = getattr(context, "_replica_id_in_sync_group", 0)
+    return replica if isinstance(replica, int) else 0
+
+
+def mark_tpu_input_identity(op: Any) -> None:
+    """Marks `op` as a direct input of a TPU step, as `tpu.replicate` does.
+
+    `split_compile_and_replicate` in `tensorflow/python/tpu/tpu.py` sets the
+    attribute with `Operation._set_attr`; TF's enqueue reads it, and no
+    public API sets an op attribute after its creation.
+    """
+    op._set_attr("_tpu_input_identity", tf_attr_value_pb2.AttrValue(b=True))
+
+
+def tpu_flatten_and_filter_composite(*args: Any) -> Any:
+    """`tpu._flatten_and_filter_composite` (`tensorflow/python/tpu/tpu.py`):
+    how `tpu.replicate` flattens its inputs, composites apart; private, and
+    the emulation must flatten exactly as it does."""
+    return tf_tpu._flatten_and_filter_composite(*args)
+
+
+def tpu_pad_all_input(*args: Any) -> Any:
+    """`tpu._pad_all_input` (`tensorflow/python/tpu/tpu.py`): dynamic
+    padding's decision of which step inputs to pad; private, and the
+    emulation must decide exactly as `tpu.replicate` does."""
+    return tf_tpu._pad_all_input(*args)
+
+
+def control_flow_context(graph: Any) -> Any:
+    """The control-flow context of `graph` (`ops.Graph.
+    _get_control_flow_context`, `tensorflow/python/framework/ops.py`), which
+    `tpu.replicate` enters with its `TPUReplicateContext`; no public API."""
+    return graph._get_control_flow_context()
+
+
+def set_control_flow_context(graph: Any, context: Any) -> None:
+    """`ops.Graph._set_control_flow_context`: enters (or leaves) a context,
+    as `tpu.replicate` does around the step; no public API."""
+    graph._set_control_flow_context(context)
+
+
+def tpu_extended_reduce_to(
+    extended: Any, reduce_op: Any, value: Any, destinations: Any, options: Any
+) -> Any:
+    """`TPUExtended._reduce_to` (`tensorflow/python/distribute/
+    tpu_strategy.py`), run on the emulated strategy: the TPU's reduce outside
+    the step, which `Strategy.reduce` reaches only through this private
+    hook."""
+    return tf_tpu_strategy.TPUExtended._reduce_to(
+        extended, reduce_op, value, destinations, options
+    )
+
+
+# `TPUExtended._broadcast_output` (`tpu_strategy.py`): the output step of
+# that reduce, taken as it is by the emulated strategy.
+tpu_extended_broadcast_output: Any = (
+    tf_tpu_strategy.TPUExtended._broadcast_output
+)
+
+
+# ----------------------------------------------- the TPU embedding engine
+# The engine's tables live in TF's mid-level object; reading and writing
+# them between steps (for `.keras` files, checkpoints and warm starts) has
+# no public API in `tpu_embedding_v2.py` / `tpu_embedding_v3.py`.
+
+
+def mid_level_built(mid_level: MidLevelEmbedding) -> bool:
+    """Whether TF created the engine's tables: `TPUEmbedding._built`, set
+    at the first enqueue or `build` (`tensorflow/python/tpu/
+    tpu_embedding_v2.py`); there is no public flag."""
+    return bool(mid_level._built)
+
+
+def mid_level_table_variables(mid_level: MidLevelEmbedding) -> Any:
+    """`{table: {slot: sharded variable}}` with the TPU's values on the host.
+
+    `TPUEmbedding._retrieve_variables` copies the values from the TPU (as
+    TF does before a checkpoint save) and `_variables` holds them
+    (`tpu_embedding_v2.py`); the public `embedding_tables` has no slots.
+    """
+    mid_level._retrieve_variables()
+    return mid_level._variables
+
+
+def mid_level_load_variables(mid_level: MidLevelEmbedding) -> None:
+    """Sends the host copies of the tables to the TPU:
+    `TPUEmbedding._load_variables` (`tpu_embedding_v2.py`), which TF runs
+    after a checkpoint restore; no public API."""
+    mid_level._load_variables()
+
+
+def engine_optimizer_slot_names(optimizer: Any) -> list[str]:
+    """The slots of a `tf.tpu.experimental.embedding` optimizer:
+    `_Optimizer._slot_names` (`tpu_embedding_v2_utils.py`), which TF reads
+    to create them; no public accessor."""
+    return list(optimizer._slot_names())
+
+
+def wrap_sparsecore_preprocessing(
+    mid_level: MidLevelEmbedding,
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> None:
+    """Replaces `TPUEmbeddingV2._preprocess_features` by `wrap(original)`.
+
+    `TPUEmbeddingV2.enqueue` (`tensorflow/python/tpu/tpu_embedding_v3.py`)
+    runs this host preprocessing under outside compilation with the step's
+    own inputs; it is the only place where sequence features can be
+    rewritten on the host and still reach the enqueue as direct inputs.
+    """
+    mid_level._preprocess_features = wrap(mid_level._preprocess_features)
+
+
+def sparsecore_clone_feature_config(feature_configs: Any) -> Any:
+    """`tpu_embedding_v3._clone_feature_config`: a deep copy of a feature
+    config that keeps shared tables shared, as `TPUEmbeddingV2` makes one
+    before stacking; private in `tpu_embedding_v3.py`."""
+    return tf_tpu_embedding_v3._clone_feature_config(feature_configs)
+
+
+def sparsecore_stack_tables(*args: Any) -> Any:
+    """`tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer`:
+    TF's table stacking for SparseCore, run as `TPUEmbeddingV2` runs it so
+    that the layout read back is the chip's; private in
+    `tpu_embedding_v3.py`."""
+    return tf_tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(
+        *args
+    )

@@ -1,0 +1,112 @@
+"""TensorFlow's private fields, read through named functions: each test
+builds the real TF object and checks the field read is the one TF set."""
+
+import tensorflow as tf
+
+from keras_tpu_embed import _tf_private
+
+
+def _tpu_column(**kwargs):
+    categorical = tf.feature_column.sequence_categorical_column_with_identity(
+        "watched", 10
+    )
+    return tf.compat.v1.tpu.experimental.embedding_column(
+        categorical, 4, **kwargs
+    )
+
+
+def test_tpu_column_arguments_are_the_constructors():
+    column = _tpu_column(max_sequence_length=7, learning_rate_fn=abs)
+    arguments = _tf_private.tpu_column_arguments(column)
+    assert isinstance(column, _tf_private.TFTPUEmbeddingColumn)
+    assert arguments.max_sequence_length == 7
+    assert arguments.learning_rate_fn is abs
+    assert arguments.shared_embedding_collection_name == ""
+
+
+def test_shared_tpu_columns_keep_their_collection_and_initializer():
+    initializer = tf.compat.v1.constant_initializer(0.5)
+    with tf.Graph().as_default():  # as TF builds shared columns
+        columns = tf.compat.v1.tpu.experimental.shared_embedding_columns(
+            [
+                tf.feature_column.categorical_column_with_identity("a", 5),
+                tf.feature_column.categorical_column_with_identity("b", 5),
+            ],
+            3,
+            initializer=initializer,
+            shared_embedding_collection_name="ab",
+        )
+    arguments = _tf_private.tpu_column_arguments(columns[0])
+    assert isinstance(columns[0], _tf_private.TFTPUSharedEmbeddingColumn)
+    assert arguments.shared_embedding_collection_name == "ab"
+    assert arguments.initializer is initializer
+
+
+def test_shared_column_creator_arguments_are_the_constructors():
+    with tf.Graph().as_default():  # as TF builds shared columns
+        columns = tf.feature_column.shared_embeddings(
+            [
+                tf.feature_column.categorical_column_with_identity("a", 5),
+                tf.feature_column.categorical_column_with_identity("b", 5),
+            ],
+            6,
+            trainable=False,
+            ckpt_to_load_from="/tmp/ckpt",
+            tensor_name_in_ckpt="emb",
+        )
+    creator = columns[0].shared_embedding_column_creator
+    arguments = _tf_private.shared_column_creator_arguments(creator)
+    assert arguments.dimension == 6
+    assert arguments.trainable is False
+    assert arguments.ckpt_to_load_from == "/tmp/ckpt"
+    assert arguments.tensor_name_in_ckpt == "emb"
+
+
+def test_distributed_dataset_cardinality_reads_and_sets_what_keras_reads():
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    dataset = tf.data.Dataset.range(12).batch(4)
+    distributed = strategy.experimental_distribute_dataset(dataset)
+    assert _tf_private.distributed_dataset_cardinality(distributed) == 3
+    _tf_private.set_distributed_dataset_cardinality(distributed, 2)
+    assert int(distributed.cardinality) == 2
+    assert _tf_private.distributed_dataset_options(distributed) is None
+
+
+def test_engine_optimizer_slot_names_are_the_ones_tf_creates():
+    embedding = tf.tpu.experimental.embedding
+    assert _tf_private.engine_optimizer_slot_names(embedding.SGD(0.1)) == []
+    assert _tf_private.engine_optimizer_slot_names(embedding.Adagrad(0.1)) == [
+        "accumulators"
+    ]
+    assert _tf_private.engine_optimizer_slot_names(embedding.Adam(0.1)) == [
+        "momenta",
+        "velocities",
+    ]
+
+
+def test_the_replica_index_is_zero_outside_a_replica_and_the_replicas_own():
+    assert _tf_private.replica_index(tf.distribute.get_replica_context()) == 0
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+
+    @tf.function
+    def step():
+        return strategy.run(
+            lambda: tf.constant(
+                _tf_private.replica_index(tf.distribute.get_replica_context())
+            )
+        )
+
+    assert int(step()) == 0
+
+
+def test_cloned_feature_configs_keep_shared_tables_shared():
+    embedding = tf.tpu.experimental.embedding
+    table = embedding.TableConfig(vocabulary_size=8, dim=4, name="t")
+    features = {
+        "a": embedding.FeatureConfig(table=table, name="a"),
+        "b": embedding.FeatureConfig(table=table, name="b"),
+    }
+    clone = _tf_private.sparsecore_clone_feature_config(features)
+    assert clone["a"] is not features["a"]
+    assert clone["a"].table is clone["b"].table
+    assert clone["a"].table.name == "t"
