@@ -68,13 +68,16 @@ def report(result: dict[str, Any]) -> str:
             "paired ratio"
         )
     elif ours:
-        best = max(ours, key=lambda n: paired(records, n, fastest))
-        ratio = paired(records, best, fastest)
-        targets.append(
-            f"W4 training: {best} / {fastest} (fastest anchor) = {ratio:.2f}x,"
-            f" paired per round (target >= {TRAINING_TARGET}): "
-            + ("met" if ratio >= TRAINING_TARGET else "NOT met")
-        )
+        # Each path on its own: the host path and the tensor-core path
+        # serve different users, so one cannot stand in for the other.
+        for name in ours:
+            ratio = paired(records, name, fastest)
+            targets.append(
+                f"W4 training: {name} / {fastest} (fastest anchor) = "
+                f"{ratio:.2f}x, paired per round (target >= "
+                f"{TRAINING_TARGET}): "
+                + ("met" if ratio >= TRAINING_TARGET else "NOT met")
+            )
     for name in ours:
         record = records[name]
         rss = record["peak_rss_added_bytes"] / record["state_bytes"]
