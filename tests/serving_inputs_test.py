@@ -60,15 +60,20 @@ def test_export_refuses_a_model_input_the_preprocessor_lacks(tmp_path):
 
 
 def test_batch_matrix_takes_rank_1_and_2_and_names_a_rank_3_feature():
-    as_matrix = tf.function(serving_inputs.as_batch_matrix, autograph=False)
-    assert as_matrix("a", tf.constant([1, 2], tf.int64)).shape == (2, 1)
-    assert as_matrix("a", tf.constant([[1, 2]], tf.int64)).shape == (1, 2)
+    # Of unknown rank, as a raw feature's signature leaves it.
+    as_matrix = tf.function(
+        lambda value: serving_inputs.as_batch_matrix("a", value),
+        input_signature=[tf.TensorSpec(None, tf.int64)],
+        autograph=False,
+    )
+    assert as_matrix(tf.constant([1, 2], tf.int64)).shape == (2, 1)
+    assert as_matrix(tf.constant([[1, 2]], tf.int64)).shape == (1, 2)
     with pytest.raises(
         tf.errors.InvalidArgumentError,
         # Assert escapes the quotes in its message.
         match=r"Feature \\?'a\\?' must be \[batch\]",
     ):
-        as_matrix("a", tf.constant([[[1]]], tf.int64))
+        as_matrix(tf.constant([[[1]]], tf.int64))
 
 
 def test_a_crossed_key_read_by_a_weighted_column_is_refused():
@@ -82,3 +87,79 @@ def test_a_crossed_key_read_by_a_weighted_column_is_refused():
     )
     with pytest.raises(ValueError, match="'a' is crossed by .*another key"):
         serving_inputs.cross_padding(pre)
+
+
+def _ids_model():
+    columns = [
+        kte.embedding_column(kte.categorical_column_with_identity(k, 10), 2)
+        for k in ("a", "b")
+    ]
+    inputs = {
+        "a": keras.Input((1,), dtype="int64", name="a"),
+        "b": keras.Input((3,), dtype="int64", name="b"),
+    }
+    layer = kte.TPUEmbeddingLayer(columns, output="concat")
+    return keras.Model(inputs, keras.layers.Dense(1, name="s")(layer(inputs)))
+
+
+def _graph_ops(concrete):
+    graph = concrete.graph.as_graph_def()
+    ops = [node.op for node in graph.node]
+    for function in graph.library.function:
+        ops += [node.op for node in function.node_def]
+    return ops
+
+
+def test_ids_export_takes_the_model_input_shapes_and_checks_rank_once(
+    tmp_path,
+):
+    """The signature left the rank open, so every call checked and
+    reshaped every feature on the host: the check now folds at trace time."""
+    path = kte.export_saved_model(
+        _ids_model(), str(tmp_path / "e"), inputs="ids", verbose=False
+    )
+    serve = tf.saved_model.load(path).signatures["serving_default"]
+    specs = serve.structured_input_signature[1]
+    assert specs["a"].shape.as_list() == [None, 1]
+    assert specs["b"].shape.as_list() == [None, 3]
+    assert "Rank" not in _graph_ops(serve)
+    ids = {
+        "a": tf.constant([[1], [2]], tf.int64),
+        "b": tf.constant([[1, 2, -1]] * 2, tf.int64),
+    }
+    assert serve(**ids)["s"].shape == (2, 1)
+
+
+def test_ids_export_refuses_another_shape_naming_the_feature(tmp_path):
+    """A loaded signature runs its graph on any shape: `[batch]` or
+    `[batch, 2]` ids for a `[batch, 1]` input failed deep in the lookup,
+    or could have been read from the wrong cells."""
+    path = kte.export_saved_model(
+        _ids_model(), str(tmp_path / "e"), inputs="ids", verbose=False
+    )
+    b = tf.constant([[1, 2, -1]], tf.int64)
+    for serve in (
+        tf.saved_model.load(path).signatures["serving_default"],
+        kte.load_saved_model(path).signatures["serving_default"],
+    ):
+        for a in ([[[1]]], [1], [[1, 2]]):
+            with pytest.raises(
+                (ValueError, TypeError, tf.errors.InvalidArgumentError),
+                match=r"tensor a \[|Feature 'a'|name='a'",
+            ):
+                serve(a=tf.constant(a, tf.int64), b=b)
+
+
+def test_a_batch_matrix_of_known_rank_is_checked_at_trace_time():
+    concrete = tf.function(
+        lambda value: serving_inputs.as_batch_matrix("a", value),
+        autograph=False,
+    ).get_concrete_function(tf.TensorSpec([None, 2], tf.int64))
+    assert "Assert" not in _graph_ops(concrete)
+    one = tf.function(
+        lambda value: serving_inputs.as_batch_matrix("a", value),
+        autograph=False,
+    ).get_concrete_function(tf.TensorSpec([None], tf.int64))
+    assert one.output_shapes.as_list() == [None, 1]
+    with pytest.raises(ValueError, match=r"Feature 'a' must be \[batch\]"):
+        serving_inputs.as_batch_matrix("a", tf.zeros([1, 1, 1], tf.int64))

@@ -33,7 +33,8 @@ from keras_tpu_embed.export.quantization import quantize_rows
 from keras_tpu_embed.export.serving_inputs import as_batch_matrix
 from keras_tpu_embed.export.serving_inputs import cross_padding
 from keras_tpu_embed.export.serving_inputs import drop_padding
-from keras_tpu_embed.export.serving_inputs import model_input_specs
+from keras_tpu_embed.export.serving_inputs import ensure_signature_shape
+from keras_tpu_embed.export.serving_inputs import model_input_signature
 from keras_tpu_embed.export.serving_inputs import model_inputs
 from keras_tpu_embed.export.serving_inputs import raw_signature
 from keras_tpu_embed.layers_in_model import embedding_layers
@@ -202,17 +203,17 @@ def export_saved_model(
         if preprocessor is not None:
             signatures = _raw_signatures(model, preprocessor)
         else:
-            signature = {
-                name: tf.TensorSpec(None, spec.dtype, name=name)
-                for name, spec in model_input_specs(model).items()
-            }
+            signature = model_input_signature(model)
 
-            def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
-                dense = {k: as_batch_matrix(k, v) for k, v in features.items()}
+            def serve_ids(features: dict[str, Tensor]) -> dict[str, Tensor]:
+                dense = {
+                    k: as_batch_matrix(k, ensure_signature_shape(k, v))
+                    for k, v in features.items()
+                }
                 return _output_dict(model, model(dense, training=False))
 
             signatures["serving_default"] = tf.function(
-                serve, input_signature=[signature], autograph=False
+                serve_ids, input_signature=[signature], autograph=False
             ).get_concrete_function()
         # Inside: quantized tables live only while the context holds them.
         root = tf.Module()

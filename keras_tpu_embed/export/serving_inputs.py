@@ -42,9 +42,21 @@ def raw_signature(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
 def as_batch_matrix(key: str, value: Tensor) -> Tensor:
     """`[b]` and `[b, n]` inputs as `[b, n]` (a scalar per row gives n=1).
 
-    The signature leaves the rank open, so the check runs in the graph:
-    a rank-3 feature must fail, naming it, not be flattened into rows.
+    A rank-3 feature must fail, naming it, not be flattened into rows. A
+    signature of known rank (`model_input_signature`) is checked here, at
+    trace time, at no cost per call; one that leaves the rank open (raw
+    features come as `[b]` or `[b, n]`) is checked in the graph.
+
+    Raises:
+        ValueError: a known rank other than 1 or 2.
     """
+    if value.shape.rank is not None:
+        if value.shape.rank not in (1, 2):
+            raise ValueError(
+                f"Feature '{key}' must be [batch] or [batch, n]. Received "
+                f"rank {value.shape.rank}, shape {value.shape}."
+            )
+        return value[:, tf.newaxis] if value.shape.rank == 1 else value
     rank = tf.rank(value)
     check = tf.debugging.Assert(
         tf.logical_and(rank >= 1, rank <= 2),
@@ -155,3 +167,37 @@ def model_input_specs(model: keras.Model) -> dict[str, Any]:
     if isinstance(model.input, dict):
         return {name: tensor for name, tensor in model.input.items()}
     return {tensor.name: tensor for tensor in inputs}
+
+
+def model_input_signature(model: keras.Model) -> dict[str, Any]:
+    """A dense TensorSpec per model input, of the input's own shape.
+
+    The shapes are the model's declared contract, so a call of another
+    rank or width is refused by the signature itself, naming the input;
+    with every shape known, no rank check or reshape runs per call, and the
+    lookups see static widths.
+    """
+    specs = {}
+    for name, tensor in model_input_specs(model).items():
+        shape = tf.TensorShape(tensor.shape)
+        if shape.rank is not None and shape.rank not in (1, 2):
+            raise ValueError(
+                f"inputs='ids' serves inputs of shape [batch] or [batch, n], "
+                f"but the model input '{name}' has shape {shape}. Give the "
+                "model [batch, n] inputs, or export with inputs='raw'."
+            )
+        specs[name] = tf.TensorSpec(shape, tensor.dtype, name=name)
+    return specs
+
+
+def ensure_signature_shape(key: str, value: Tensor) -> Tensor:
+    """`value`, checked in the graph to have its static (signature) shape.
+
+    A loaded SavedModel's signature runs its graph on tensors of any shape:
+    the graph traced for `[batch, 1]` would take `[batch]` or `[batch, 2]`
+    and fail deep inside, or answer from the wrong cells. One `EnsureShape`
+    op per feature refuses them first, naming the feature.
+    """
+    # The op names the input in its error: "Shape of tensor {key} [...]".
+    del key
+    return tf.ensure_shape(value, value.shape)
