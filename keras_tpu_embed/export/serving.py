@@ -110,7 +110,9 @@ def export_saved_model(
 
     `inputs="ids"` exports the model's own inputs instead (ids and weights
     as the embedding layers take them, dense), with no `serve_examples`:
-    for a serving system that maps raw values to ids itself.
+    for a serving system that maps raw values to ids itself. Each input
+    has the model's declared shape (`keras.Input((1,))`: `[batch, 1]`);
+    another rank or width is refused in the graph, naming the input.
 
     Outputs: a dict with one key per model output, named after it
     (`model.output_names`: the output layer's name, such as `"score"` for
