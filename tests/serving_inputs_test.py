@@ -163,3 +163,14 @@ def test_a_batch_matrix_of_known_rank_is_checked_at_trace_time():
     assert one.output_shapes.as_list() == [None, 1]
     with pytest.raises(ValueError, match=r"Feature 'a' must be \[batch\]"):
         serving_inputs.as_batch_matrix("a", tf.zeros([1, 1, 1], tf.int64))
+
+
+def test_ids_export_refuses_a_model_input_of_rank_3(tmp_path):
+    """It failed inside Keras on the reshaped `[batch, n]` input, without
+    saying what to do."""
+    inputs = {"x": keras.Input((2, 3), name="x")}
+    model = keras.Model(inputs, keras.layers.Dense(1)(inputs["x"]))
+    with pytest.raises(ValueError, match="model input 'x' has shape"):
+        kte.export_saved_model(
+            model, str(tmp_path / "e"), inputs="ids", verbose=False
+        )
