@@ -38,7 +38,8 @@ from typing import Any  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
 
-from benchmarks import criteo  # noqa: E402
+from benchmarks import criteo_models  # noqa: E402
+from benchmarks import criteo_serving  # noqa: E402
 from benchmarks import exports  # noqa: E402
 from benchmarks import workloads  # noqa: E402
 
@@ -131,12 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     loaded = {}
     if args.workload == "W4":
         w4 = workloads.criteo_workload(quick=args.quick, row_cap=args.row_cap)
-        features, _ = criteo.model_data(workloads.make_criteo_batches(w4)[:1])[
-            0
-        ]
+        features, _ = criteo_models.model_data(
+            workloads.make_criteo_batches(w4)[:1]
+        )[0]
         for name, export in (
-            ("kte_cpu", criteo._export_kte),
-            ("keras_embedding_xla", criteo._export_keras),
+            ("kte_cpu", criteo_serving.export_kte),
+            ("keras_embedding_xla", criteo_serving.export_keras),
         ):
             export(w4, os.path.join(directory, name))
             loaded[name] = exports.Loaded(os.path.join(directory, name))

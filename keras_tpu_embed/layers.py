@@ -292,7 +292,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
 
     def table_variable(self, table_name: str) -> Any:
         """The `keras.Variable` of a table, by table name."""
-        self._check_not_on_engine(table_name)
+        self.check_not_on_engine(table_name)
         if table_name not in self._local.table_names:
             raise KeyError(
                 f"No table '{table_name}' in {type(self).__name__} "
@@ -302,10 +302,11 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
 
     def slot_variables(self, table_name: str) -> dict[str, Any]:
         """The optimizer slot variables of a table, keyed by slot name."""
-        self._check_not_on_engine(table_name)
+        self.check_not_on_engine(table_name)
         return self._local.slot_variables(table_name)
 
-    def _check_not_on_engine(self, table_name: str) -> None:
+    def check_not_on_engine(self, table_name: str) -> None:
+        """Raises ValueError if the TPU embedding engine holds the table."""
         if self._devices.on_engine(table_name):
             raise ValueError(
                 f"Table '{table_name}' of '{self.name}' is held by the TPU "

@@ -1,8 +1,10 @@
-"""Serving cases: every column kind with raw features, and a fresh-process
-server for many SavedModels at once."""
+"""Serving cases: every column kind with raw features, a fresh-process
+server for many SavedModels at once, and a model of every layer kind with
+its raw features (`served_model`)."""
 
 import json
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -300,3 +302,70 @@ def serve_many_in_fresh_process(jobs, tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(completed.stdout.strip().splitlines()[-1])
     return [{k: np.array(v) for k, v in r.items()} for r in results]
+
+
+def served_model(tmp_path):
+    """The vocabulary file `tmp_path/users.txt`, the preprocessor, the model."""
+    vocabulary = tmp_path / "users.txt"
+    vocabulary.write_text("u1\nu2\nu3\n")
+    user = kte.categorical_column_with_vocabulary_file(
+        "user", str(vocabulary), num_oov_buckets=1
+    )
+    tags = kte.weighted_categorical_column(
+        kte.categorical_column_with_hash_bucket("tags", 20), "tag_w"
+    )
+    hist = kte.sequence_categorical_column_with_identity("hist", 10)
+    item = kte.categorical_column_with_identity("item", 10)
+    own = [
+        kte.embedding_column(user, 4),
+        kte.embedding_column(tags, 3, combiner="sqrtn"),
+    ]
+    shared = kte.shared_embedding_columns(
+        [item, hist], 5, max_sequence_lengths=[0, 3]
+    )
+    pre = kte.FeaturePreprocessor(own + shared)
+    config = kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1))
+    inputs = pre.keras_inputs()
+    a = kte.TPUEmbeddingLayer(own, config=config, output="concat")(inputs)
+    s = kte.SharedTPUEmbedding(shared, config=config)(inputs)
+    x = keras.layers.Concatenate()(
+        [
+            a,
+            s["item_shared_embedding"],
+            keras.layers.Flatten()(s["hist_shared_embedding"]),
+        ]
+    )
+    model = keras.Model(inputs, keras.layers.Dense(1, name="score")(x))
+    model.compile("adam", "mse")
+    return vocabulary, pre, model
+
+
+SERVED_RAW = {
+    "user": {"value": ["u1", "nobody", "u3"], "dtype": "string"},
+    "tags": {"value": [["a", "b"], ["c", ""], ["", ""]], "dtype": "string"},
+    "tag_w": {
+        "value": [[1.0, 2.0], [0.5, 0.0], [0.0, 0.0]],
+        "dtype": "float32",
+    },
+    "item": {"value": [1, 2, 9], "dtype": "int64"},
+    "hist": {
+        "value": [[1, 2, 3, 4], [5, -1, -1, -1], [-1, -1, -1, -1]],
+        "dtype": "int64",
+    },
+}
+
+
+def served_feeds():
+    """`SERVED_RAW` as tensors."""
+    return testing.feeds(SERVED_RAW)
+
+
+def model_with_a_dense_input():
+    item = kte.categorical_column_with_identity("item", 10)
+    pre = kte.FeaturePreprocessor([kte.embedding_column(item, 2)])
+    inputs = dict(pre.keras_inputs(), age=keras.Input((1,), name="age"))
+    layer = kte.TPUEmbeddingLayer(
+        [kte.embedding_column(item, 2)], output="concat"
+    )
+    x = keras.layers.Concatenate()([layer(inputs), inputs["age"]])
+    return keras.Model(inputs, keras.layers.Dense(1, name="score")(x))

@@ -2,8 +2,8 @@
 
 Every package module has a test file of its own, named after it
 (`tests/<module basename>_test.py`), so that a new module cannot land
-untested; test files not named after a module are the cross-cutting suites
-listed below. The numpy references of `testing.py` are checked against
+untested; test files not named after a module are named after a module
+of `benchmarks/` or are the cross-cutting suites listed below. The numpy references of `testing.py` are checked against
 TensorFlow's own ops, so that the package is never checked against a wrong
 reference.
 """
@@ -22,6 +22,7 @@ from tests import testing
 
 PACKAGE = pathlib.Path(keras_tpu_embed.__file__).parent
 TESTS = pathlib.Path(__file__).parent
+BENCHMARKS = TESTS.parent / "benchmarks"
 # Suites that test several modules together, or the project around them.
 CROSS_CUTTING = {
     "benchmarks",  # benchmarks/run.py end to end
@@ -79,14 +80,15 @@ def test_every_module_has_its_own_test_file():
 
 def test_every_test_file_is_named_after_a_module_or_cross_cutting():
     stems = {module.stem for module in _modules()}
+    stems |= {path.stem for path in BENCHMARKS.glob("*.py")}
     orphans = sorted(
         path.name
         for path in TESTS.glob("*_test.py")
         if path.name[: -len("_test.py")] not in stems | CROSS_CUTTING
     )
     assert orphans == [], (
-        f"{orphans} are named after no package module: rename them after "
-        "the module they test, or list them in CROSS_CUTTING."
+        f"{orphans} are named after no package or benchmarks module: rename "
+        "them after the module they test, or list them in CROSS_CUTTING."
     )
 
 

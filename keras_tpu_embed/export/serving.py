@@ -23,12 +23,20 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import print_msg
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.export.column_preprocessor import preprocessor_from_columns
 from keras_tpu_embed.export.export_records import record_table_dtype
 from keras_tpu_embed.export.export_records import write_digests
 from keras_tpu_embed.export.export_records import write_export_info
 from keras_tpu_embed.export.quantization import check_table_dtype
 from keras_tpu_embed.export.quantization import dequantize_rows
 from keras_tpu_embed.export.quantization import quantize_rows
+from keras_tpu_embed.export.serving_inputs import as_batch_matrix
+from keras_tpu_embed.export.serving_inputs import cross_padding
+from keras_tpu_embed.export.serving_inputs import drop_padding
+from keras_tpu_embed.export.serving_inputs import ensure_signature_shape
+from keras_tpu_embed.export.serving_inputs import model_input_signature
+from keras_tpu_embed.export.serving_inputs import model_inputs
+from keras_tpu_embed.export.serving_inputs import raw_signature
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.lookup.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.lookup.devices import LookupDevice
@@ -42,100 +50,6 @@ from keras_tpu_embed.preprocessing.feature_preprocessor import (
 from keras_tpu_embed.types import Tensor
 
 
-def _raw_signature(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
-    """A TensorSpec per raw feature; rank left open for `[b]` or `[b, n]`."""
-    specs = {}
-    for column in preprocessor.categorical_columns:
-        # Bucketized and crossed columns read other (numeric) features.
-        for key, dtype_name in column.raw_inputs.items():
-            if dtype_name == "string":
-                dtype = tf.string
-            elif tf.as_dtype(dtype_name).is_floating:
-                dtype = tf.float32
-            else:
-                dtype = tf.int64
-            specs[key] = tf.TensorSpec(None, dtype, name=key)
-        if column.weight_feature_key:
-            specs[column.weight_feature_key] = tf.TensorSpec(
-                None, tf.float32, name=column.weight_feature_key
-            )
-    return specs
-
-
-def _as_batch_matrix(key: str, value: Tensor) -> Tensor:
-    """`[b]` and `[b, n]` inputs as `[b, n]` (a scalar per row gives n=1).
-
-    The signature leaves the rank open, so the check runs in the graph:
-    a rank-3 feature must fail, naming it, not be flattened into rows.
-    """
-    rank = tf.rank(value)
-    check = tf.debugging.Assert(
-        tf.logical_and(rank >= 1, rank <= 2),
-        [
-            f"Feature '{key}' must be [batch] or [batch, n]. Received rank",
-            rank,
-            "shape",
-            tf.shape(value),
-        ],
-    )
-    with tf.control_dependencies([check]):
-        shape = tf.shape(value)
-    return tf.reshape(value, tf.stack([shape[0], tf.reduce_prod(shape[1:])]))
-
-
-def _cross_padding(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
-    """Raw keys crossed by a crossed column -> their padding in the
-    `serving_default` signature (`""`, or -1 for integer keys).
-
-    A dense input reaches TF's cross op with every value, padding included
-    (`columns.id_mapping.crossed_ids`); the signature's padding is not a
-    value, so it is dropped before crossing, as `serve_examples` and ragged
-    or sparse training inputs have none.
-
-    Raises:
-        ValueError: a crossed key also read by a weighted column, whose ids
-            and weights must keep one shape.
-    """
-    pads: dict[str, Any] = {}
-    crossed_by: dict[str, str] = {}
-    for column in preprocessor.categorical_columns:
-        crossed = column.base.crossed_padding
-        pads.update(crossed)
-        crossed_by.update(dict.fromkeys(crossed, column.base.name))
-    for column in preprocessor.categorical_columns:
-        if not column.weight_feature_key:
-            continue
-        shared = sorted(
-            {column.key, column.weight_feature_key} & set(crossed_by)
-        )
-        if shared:
-            raise ValueError(
-                f"Feature '{shared[0]}' is crossed by '{crossed_by[shared[0]]}'"
-                f" and read by the weighted column '{column.name}': the "
-                "serving signature drops a crossed key's padding, which "
-                "would part the weighted column's ids from its weights. "
-                "Give the crossed column a copy of the feature under "
-                "another key."
-            )
-    return pads
-
-
-def _drop_padding(
-    features: dict[str, Tensor], pads: dict[str, Any]
-) -> dict[str, Tensor]:
-    """`features` with each key of `pads` sparse, its padding dropped."""
-    result = dict(features)
-    for key, pad in pads.items():
-        if key not in result:
-            continue  # the preprocessor names the missing key
-        value = result[key]
-        keep = tf.where(tf.not_equal(value, tf.constant(pad, value.dtype)))
-        result[key] = tf.SparseTensor(
-            keep, tf.gather_nd(value, keep), tf.shape(value, tf.int64)
-        )
-    return result
-
-
 def _output_dict(model: keras.Model, outputs: Any) -> dict[str, Tensor]:
     if isinstance(outputs, dict):
         return dict(outputs)
@@ -144,36 +58,6 @@ def _output_dict(model: keras.Model, outputs: Any) -> dict[str, Tensor]:
     if len(names) != len(flat):
         names = [f"output_{i}" for i in range(len(flat))]
     return dict(zip(names, flat))
-
-
-def model_inputs(model: keras.Model, features: dict[str, Any]) -> Any:
-    """Exactly the model's inputs, taken from `features` by name.
-
-    A functional model given a dict with extra keys warns and then matches
-    its inputs by position (keras/src/models/functional.py,
-    `Functional._standardize_inputs`): an extra `a` would give `b` the
-    values of `a`. So the model gets its own keys only, and a missing one
-    is an error.
-
-    Raises:
-        KeyError: a model input that `features` does not hold.
-    """
-    if not _has_input_tensors(model):
-        # A subclassed model declares no inputs: its `call` reads the dict
-        # by key itself.
-        return features
-    names = list(_model_input_specs(model))
-    missing = [name for name in names if name not in features]
-    if missing:
-        raise KeyError(
-            f"The model takes the inputs {names}, but the preprocessor does "
-            f"not produce {missing}. Give the preprocessor the columns "
-            f"reading {missing}. It produces: {sorted(features)}."
-        )
-    selected = {name: features[name] for name in names}
-    if isinstance(model.input, dict):
-        return selected
-    return [selected[name] for name in names]
 
 
 @contextlib.contextmanager
@@ -226,7 +110,9 @@ def export_saved_model(
 
     `inputs="ids"` exports the model's own inputs instead (ids and weights
     as the embedding layers take them, dense), with no `serve_examples`:
-    for a serving system that maps raw values to ids itself.
+    for a serving system that maps raw values to ids itself. Each input
+    has the model's declared shape (`keras.Input((1,))`: `[batch, 1]`);
+    another rank or width is refused in the graph, naming the input.
 
     Outputs: a dict with one key per model output, named after it
     (`model.output_names`: the output layer's name, such as `"score"` for
@@ -319,17 +205,17 @@ def export_saved_model(
         if preprocessor is not None:
             signatures = _raw_signatures(model, preprocessor)
         else:
-            signature = {
-                name: tf.TensorSpec(None, spec.dtype, name=name)
-                for name, spec in _model_input_specs(model).items()
-            }
+            signature = model_input_signature(model)
 
-            def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
-                dense = {k: _as_batch_matrix(k, v) for k, v in features.items()}
+            def serve_ids(features: dict[str, Tensor]) -> dict[str, Tensor]:
+                dense = {
+                    k: as_batch_matrix(k, ensure_signature_shape(k, v))
+                    for k, v in features.items()
+                }
                 return _output_dict(model, model(dense, training=False))
 
             signatures["serving_default"] = tf.function(
-                serve, input_signature=[signature], autograph=False
+                serve_ids, input_signature=[signature], autograph=False
             ).get_concrete_function()
         # Inside: quantized tables live only while the context holds them.
         root = tf.Module()
@@ -364,11 +250,11 @@ def _raw_signatures(
     model: keras.Model, preprocessor: FeaturePreprocessor
 ) -> dict[str, Any]:
     """`serving_default` on raw features and `serve_examples`, traced."""
-    pads = _cross_padding(preprocessor)
+    pads = cross_padding(preprocessor)
 
     def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
-        dense = {k: _as_batch_matrix(k, v) for k, v in features.items()}
-        dense = _drop_padding(dense, pads)
+        dense = {k: as_batch_matrix(k, v) for k, v in features.items()}
+        dense = drop_padding(dense, pads)
         ids = model_inputs(model, preprocessor(dense))
         return _output_dict(model, model(ids, training=False))
 
@@ -383,7 +269,7 @@ def _raw_signatures(
     return {
         "serving_default": tf.function(
             serve,
-            input_signature=[_raw_signature(preprocessor)],
+            input_signature=[raw_signature(preprocessor)],
             autograph=False,
         ).get_concrete_function(),
         "serve_examples": tf.function(
@@ -392,77 +278,6 @@ def _raw_signatures(
             autograph=False,
         ).get_concrete_function(),
     }
-
-
-def preprocessor_from_columns(model: keras.Model) -> FeaturePreprocessor | None:
-    """The `FeaturePreprocessor` of the columns of `model`'s embedding
-    layers, or None when the model holds a preprocessor itself (then it
-    takes raw features as its inputs).
-
-    Raises:
-        ValueError: no embedding layer; two columns map one feature
-            differently; a model input the columns do not produce, or
-            produce with another dtype or sparsity.
-    """
-    what_to_pass = (
-        "Pass preprocessor= (the FeaturePreprocessor that fed the model in "
-        "training), or inputs='ids' to serve the model's own inputs."
-    )
-    layers = embedding_layers(model)
-    if not layers:
-        raise ValueError(
-            "export_saved_model builds its preprocessor from the columns of "
-            f"the model's embedding layers, but '{model.name}' has no "
-            "embedding layer (TPUEmbeddingLayer or SharedTPUEmbedding). "
-            + what_to_pass
-        )
-    if isinstance(model, keras.layers.Layer) and any(
-        isinstance(layer, FeaturePreprocessor) for layer in nested_layers(model)
-    ):
-        return None
-    for layer in layers:
-        # A model whose tables live in the TPU engine cannot be served at
-        # all: say how to get them out before judging its inputs.
-        for table in layer.table_specs:
-            layer._check_not_on_engine(table.name)
-    columns = [column for layer in layers for column in layer.columns]
-    try:
-        preprocessor = FeaturePreprocessor(columns)
-    except ValueError as error:
-        raise ValueError(
-            f"The embedding layers' columns do not make one preprocessor: "
-            f"{error} " + what_to_pass
-        ) from error
-    if not _has_input_tensors(model):
-        return preprocessor
-    produced = preprocessor.compute_output_spec(None)
-    unfed = {}
-    for name, tensor in _model_input_specs(model).items():
-        made = produced.get(name)
-        if (
-            made is None
-            or made.dtype != tensor.dtype
-            or bool(made.sparse) != bool(getattr(tensor, "sparse", False))
-        ):
-            unfed[name] = (
-                f"the model takes {_describe(tensor)}, the columns produce "
-                + ("nothing" if made is None else _describe(made))
-            )
-    if unfed:
-        raise ValueError(
-            "export_saved_model builds its preprocessor from the columns of "
-            "the model's embedding layers, but they do not produce the "
-            f"model's inputs {list(unfed)} ("
-            + "; ".join(f"'{k}': {v}" for k, v in unfed.items())
-            + "). "
-            + what_to_pass
-        )
-    return preprocessor
-
-
-def _describe(tensor: Any) -> str:
-    sparse = "sparse" if getattr(tensor, "sparse", False) else "dense"
-    return f"{sparse} {tensor.dtype}"
 
 
 def export_summary(path: str, signatures: dict[str, Any]) -> str:
@@ -486,7 +301,9 @@ def export_summary(path: str, signatures: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def quantization_error(model: Any, table_dtype: str) -> dict[str, float]:
+def quantization_error(
+    model: keras.layers.Layer, table_dtype: str
+) -> dict[str, float]:
     """Per table of `model`'s embedding layers, the largest `|x̂ - x|` over
     its elements if exported with `table_dtype` (see `export_saved_model`).
 
@@ -511,17 +328,3 @@ def quantization_error(model: Any, table_dtype: str) -> dict[str, float]:
             served = np.asarray(dequantize_rows(codes, scale_offset))
             errors[spec.name] = float(np.max(np.abs(served - values)))
     return errors
-
-
-def _has_input_tensors(model: keras.Model) -> bool:
-    try:
-        return bool(model.inputs)
-    except (AttributeError, ValueError):
-        return False
-
-
-def _model_input_specs(model: keras.Model) -> dict[str, Any]:
-    inputs = model.inputs
-    if isinstance(model.input, dict):
-        return {name: tensor for name, tensor in model.input.items()}
-    return {tensor.name: tensor for tensor in inputs}

@@ -1,0 +1,108 @@
+"""W4 serving: the package's export and the fastest peer's, loaded and
+called at batch 1, 64 and 4,096 in rotating rounds (`criteo.py`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import keras_tpu_embed as kte  # noqa: E402
+from benchmarks import workloads  # noqa: E402
+from benchmarks.criteo_models import keras_model  # noqa: E402
+from benchmarks.criteo_models import kte_model  # noqa: E402
+from benchmarks.criteo_models import model_data  # noqa: E402
+
+W = workloads
+
+
+def export_kte(spec: W.CriteoWorkload, path: str) -> None:
+    model = kte_model(spec, "cpu")
+    kte.export_saved_model(
+        model, path, inputs="ids", lookup_device="cpu", verbose=False
+    )
+
+
+def export_keras(spec: W.CriteoWorkload, path: str) -> None:
+    model = keras_model(spec, jit=True)
+    signature = {
+        name: tf.TensorSpec([None, 1], tf.int64, name=name)
+        for name in spec.features()
+    }
+    signature["numeric"] = tf.TensorSpec(
+        [None, W.CRITEO_NUMERIC], tf.float32, name="numeric"
+    )
+    module = tf.Module()
+    module.model = model
+
+    @tf.function(input_signature=[signature], jit_compile=True)
+    def serve(features: dict) -> Any:
+        return {"output_0": model(features, training=False)}
+
+    module.serve = serve
+    tf.saved_model.save(module, path, signatures={"serving_default": serve})
+
+
+def serving_latency(
+    spec: W.CriteoWorkload,
+    batches: list[W.CriteoBatch],
+    rounds: int,
+    calls: int,
+) -> dict[str, Any]:
+    """p50 / p99 per batch size of the two loaded exports, paired."""
+    directory = tempfile.mkdtemp(prefix="criteo_")
+    served: dict[str, Any] = {}
+    for name, export in (
+        ("kte_cpu", export_kte),
+        ("keras_embedding_xla", export_keras),
+    ):
+        path = os.path.join(directory, name)
+        export(spec, path)
+        keras.backend.clear_session()
+        served[name] = tf.saved_model.load(path).signatures["serving_default"]
+    features, _ = model_data(batches[:1])[0]
+    results: dict[str, Any] = {}
+    sizes = [b for b in (1, 64, 4096) if b <= spec.batch_size]
+    for size in sizes:
+        batch = {k: v[:size] for k, v in features.items()}
+        times: dict[str, list[float]] = {n: [] for n in served}
+        medians: dict[str, list[float]] = {n: [] for n in served}
+        for call in served.values():
+            for _ in range(3):
+                call(**batch)
+        names = list(served)
+        count = calls if size < 4096 else max(calls // 4, 3)
+        for index in range(rounds):
+            for name in names[index % 2 :] + names[: index % 2]:
+                own = []
+                for _ in range(count):
+                    begin = time.perf_counter()
+                    served[name](**batch)
+                    own.append(time.perf_counter() - begin)
+                times[name] += own
+                medians[name].append(statistics.median(own))
+        results[str(size)] = {
+            name: {
+                "p50_ms": 1e3 * float(np.percentile(times[name], 50)),
+                "p99_ms": 1e3 * float(np.percentile(times[name], 99)),
+            }
+            for name in names
+        }
+        results[str(size)]["x_peer"] = statistics.median(
+            p / o
+            for p, o in zip(medians["keras_embedding_xla"], medians["kte_cpu"])
+        )
+        print(f"served batch {size}", file=sys.stderr, flush=True)
+    return results

@@ -1,0 +1,203 @@
+"""What a serving signature takes: its specs, and the model's inputs.
+
+A raw feature comes into `serving_default` as `[batch]` or `[batch, n]`
+(`raw_signature`) and is checked and shaped to `[batch, n]`
+(`as_batch_matrix`); the padding of a crossed key is dropped before it is
+crossed (`cross_padding`, `drop_padding`); the model is then given exactly
+its own inputs, by name (`model_inputs`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras_tpu_embed._compat import keras
+from keras_tpu_embed._compat import tf
+from keras_tpu_embed.preprocessing.feature_preprocessor import (
+    FeaturePreprocessor,
+)
+from keras_tpu_embed.types import Tensor
+
+
+def raw_signature(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
+    """A TensorSpec per raw feature; rank left open for `[b]` or `[b, n]`."""
+    specs = {}
+    for column in preprocessor.categorical_columns:
+        # Bucketized and crossed columns read other (numeric) features.
+        for key, dtype_name in column.raw_inputs.items():
+            if dtype_name == "string":
+                dtype = tf.string
+            elif tf.as_dtype(dtype_name).is_floating:
+                dtype = tf.float32
+            else:
+                dtype = tf.int64
+            specs[key] = tf.TensorSpec(None, dtype, name=key)
+        if column.weight_feature_key:
+            specs[column.weight_feature_key] = tf.TensorSpec(
+                None, tf.float32, name=column.weight_feature_key
+            )
+    return specs
+
+
+def as_batch_matrix(key: str, value: Tensor) -> Tensor:
+    """`[b]` and `[b, n]` inputs as `[b, n]` (a scalar per row gives n=1).
+
+    A rank-3 feature must fail, naming it, not be flattened into rows. A
+    signature of known rank (`model_input_signature`) is checked here, at
+    trace time, at no cost per call; one that leaves the rank open (raw
+    features come as `[b]` or `[b, n]`) is checked in the graph.
+
+    Raises:
+        ValueError: a known rank other than 1 or 2.
+    """
+    if value.shape.rank is not None:
+        if value.shape.rank not in (1, 2):
+            raise ValueError(
+                f"Feature '{key}' must be [batch] or [batch, n]. Received "
+                f"rank {value.shape.rank}, shape {value.shape}."
+            )
+        return value[:, tf.newaxis] if value.shape.rank == 1 else value
+    rank = tf.rank(value)
+    check = tf.debugging.Assert(
+        tf.logical_and(rank >= 1, rank <= 2),
+        [
+            f"Feature '{key}' must be [batch] or [batch, n]. Received rank",
+            rank,
+            "shape",
+            tf.shape(value),
+        ],
+    )
+    with tf.control_dependencies([check]):
+        shape = tf.shape(value)
+    return tf.reshape(value, tf.stack([shape[0], tf.reduce_prod(shape[1:])]))
+
+
+def cross_padding(preprocessor: FeaturePreprocessor) -> dict[str, Any]:
+    """Raw keys crossed by a crossed column -> their padding in the
+    `serving_default` signature (`""`, or -1 for integer keys).
+
+    A dense input reaches TF's cross op with every value, padding included
+    (`columns.id_mapping.crossed_ids`); the signature's padding is not a
+    value, so it is dropped before crossing, as `serve_examples` and ragged
+    or sparse training inputs have none.
+
+    Raises:
+        ValueError: a crossed key also read by a weighted column, whose ids
+            and weights must keep one shape.
+    """
+    pads: dict[str, Any] = {}
+    crossed_by: dict[str, str] = {}
+    for column in preprocessor.categorical_columns:
+        crossed = column.base.crossed_padding
+        pads.update(crossed)
+        crossed_by.update(dict.fromkeys(crossed, column.base.name))
+    for column in preprocessor.categorical_columns:
+        if not column.weight_feature_key:
+            continue
+        shared = sorted(
+            {column.key, column.weight_feature_key} & set(crossed_by)
+        )
+        if shared:
+            raise ValueError(
+                f"Feature '{shared[0]}' is crossed by '{crossed_by[shared[0]]}'"
+                f" and read by the weighted column '{column.name}': the "
+                "serving signature drops a crossed key's padding, which "
+                "would part the weighted column's ids from its weights. "
+                "Give the crossed column a copy of the feature under "
+                "another key."
+            )
+    return pads
+
+
+def drop_padding(
+    features: dict[str, Tensor], pads: dict[str, Any]
+) -> dict[str, Tensor]:
+    """`features` with each key of `pads` sparse, its padding dropped."""
+    result = dict(features)
+    for key, pad in pads.items():
+        if key not in result:
+            continue  # the preprocessor names the missing key
+        value = result[key]
+        keep = tf.where(tf.not_equal(value, tf.constant(pad, value.dtype)))
+        result[key] = tf.SparseTensor(
+            keep, tf.gather_nd(value, keep), tf.shape(value, tf.int64)
+        )
+    return result
+
+
+def model_inputs(model: keras.Model, features: dict[str, Any]) -> Any:
+    """Exactly the model's inputs, taken from `features` by name.
+
+    A functional model given a dict with extra keys warns and then matches
+    its inputs by position (keras/src/models/functional.py,
+    `Functional._standardize_inputs`): an extra `a` would give `b` the
+    values of `a`. So the model gets its own keys only, and a missing one
+    is an error.
+
+    Raises:
+        KeyError: a model input that `features` does not hold.
+    """
+    if not has_input_tensors(model):
+        # A subclassed model declares no inputs: its `call` reads the dict
+        # by key itself.
+        return features
+    names = list(model_input_specs(model))
+    missing = [name for name in names if name not in features]
+    if missing:
+        raise KeyError(
+            f"The model takes the inputs {names}, but the preprocessor does "
+            f"not produce {missing}. Give the preprocessor the columns "
+            f"reading {missing}. It produces: {sorted(features)}."
+        )
+    selected = {name: features[name] for name in names}
+    if isinstance(model.input, dict):
+        return selected
+    return [selected[name] for name in names]
+
+
+def has_input_tensors(model: keras.Model) -> bool:
+    try:
+        return bool(model.inputs)
+    except (AttributeError, ValueError):
+        return False
+
+
+def model_input_specs(model: keras.Model) -> dict[str, Any]:
+    inputs = model.inputs
+    if isinstance(model.input, dict):
+        return {name: tensor for name, tensor in model.input.items()}
+    return {tensor.name: tensor for tensor in inputs}
+
+
+def model_input_signature(model: keras.Model) -> dict[str, Any]:
+    """A dense TensorSpec per model input, of the input's own shape.
+
+    The shapes are the model's declared contract, so a call of another
+    rank or width is refused by the signature itself, naming the input;
+    with every shape known, no rank check or reshape runs per call, and the
+    lookups see static widths.
+    """
+    specs = {}
+    for name, tensor in model_input_specs(model).items():
+        shape = tf.TensorShape(tensor.shape)
+        if shape.rank is not None and shape.rank not in (1, 2):
+            raise ValueError(
+                f"inputs='ids' serves inputs of shape [batch] or [batch, n], "
+                f"but the model input '{name}' has shape {shape}. Give the "
+                "model [batch, n] inputs, or export with inputs='raw'."
+            )
+        specs[name] = tf.TensorSpec(shape, tensor.dtype, name=name)
+    return specs
+
+
+def ensure_signature_shape(key: str, value: Tensor) -> Tensor:
+    """`value`, checked in the graph to have its static (signature) shape.
+
+    A loaded SavedModel's signature runs its graph on tensors of any shape:
+    the graph traced for `[batch, 1]` would take `[batch]` or `[batch, 2]`
+    and fail deep inside, or answer from the wrong cells. One `EnsureShape`
+    op per feature refuses them first, naming the feature.
+    """
+    # The op names the input in its error: "Shape of tensor {key} [...]".
+    del key
+    return tf.ensure_shape(value, value.shape)

@@ -1,0 +1,61 @@
+"""W4's report: every target printed, met or not, from the measured numbers."""
+
+from benchmarks import criteo_report
+
+
+def _record(role, round_medians_s, state_bytes=1000, rss_bytes=1000):
+    return {
+        "role": role,
+        "round_medians_s": round_medians_s,
+        "median_step_s": sorted(round_medians_s)[len(round_medians_s) // 2],
+        "peak_rss_added_bytes": rss_bytes,
+        "state_bytes": state_bytes,
+    }
+
+
+def _result(serving=None):
+    return {
+        "spec": {"row_cap": 100, "dim": 16, "batch_size": 64},
+        "table_bytes": 2**20,
+        "training": {
+            "safe_lookup": _record("anchor", [3.0, 3.0, 3.0]),
+            "raw_xla": _record("anchor", [2.0, 2.0, 2.0]),
+            "kte_cpu": _record("ours", [1.0, 1.0, 1.0], rss_bytes=1200),
+            "kte_tensor_core_xla": _record(
+                "ours", [2.0, 2.0, 2.0], rss_bytes=2000
+            ),
+        },
+        "serving": serving or {},
+    }
+
+
+def test_training_target_is_judged_on_each_path():
+    """Only the better of the host and tensor-core paths was judged, so a
+    slow path passed unseen."""
+    targets = criteo_report.report(_result()).split("Targets")[1]
+    assert "W4 training: kte_cpu / raw_xla (fastest anchor) = 2.00x" in targets
+    assert (
+        "W4 training: kte_tensor_core_xla / raw_xla (fastest anchor) = 1.00x"
+        in targets
+    )
+    lines = {line.split(" / ")[0]: line for line in targets.splitlines()}
+    assert lines["W4 training: kte_cpu"].endswith(": met")
+    assert lines["W4 training: kte_tensor_core_xla"].endswith(": NOT met")
+
+
+def test_rss_and_serving_targets_say_met_or_not_met():
+    cell = {
+        "kte_cpu": {"p50_ms": 1.0, "p99_ms": 3.0},
+        "keras_embedding_xla": {"p50_ms": 2.0, "p99_ms": 2.5},
+        "x_peer": 2.0,
+    }
+    text = criteo_report.report(_result({"64": cell}))
+    targets = text.split("Targets")[1]
+    assert "W4 RSS kte_cpu: 1.20x state (target <= 1.25): met" in targets
+    assert (
+        "W4 RSS kte_tensor_core_xla: 2.00x state (target <= 1.25): NOT met"
+        in targets
+    )
+    # p50 is ahead, p99 behind: not met.
+    assert "W4 serving batch 64:" in targets
+    assert targets.rstrip().endswith("NOT met")
