@@ -3,9 +3,9 @@
 Every package module has a test file of its own, named after it
 (`tests/<module basename>_test.py`), so that a new module cannot land
 untested; test files not named after a module are named after a module
-of `benchmarks/` or are the cross-cutting suites listed below. The numpy references of `testing.py` are checked against
-TensorFlow's own ops, so that the package is never checked against a wrong
-reference.
+of `benchmarks/` or are the cross-cutting suites listed below. The numpy
+references of `testing.py` are checked against TensorFlow's own ops, so
+that the package is never checked against a wrong reference.
 """
 
 import ast

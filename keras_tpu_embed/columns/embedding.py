@@ -14,6 +14,7 @@ import os
 import warnings
 from typing import Any
 from typing import TypeAlias
+from typing import cast
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
@@ -165,8 +166,12 @@ class _EmbeddingSpec:
 
     @property
     def lookup_device(self) -> LookupDevice | None:
-        """The column's `embedding_lookup_device` (a `LookupDevice`)."""
-        return parse_lookup_device(self.embedding_lookup_device)
+        """The column's `embedding_lookup_device` (a `LookupDevice`).
+
+        Parsed once, in `__post_init__`, which stores the `LookupDevice`;
+        the field's type also names the strings a caller may pass.
+        """
+        return cast(LookupDevice | None, self.embedding_lookup_device)
 
     @property
     def is_sequence(self) -> bool:
