@@ -54,14 +54,17 @@ def pytest_collection_modifyitems(config, items):
     # keeps one worker from finishing a long file alone at the end.
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    # Markers, not `item.keywords`: keywords also hold the names of the
+    # item's folders, and the package has a `tpu/` folder.
     for item in items:
-        if "slow" not in item.keywords and item.path.name not in rank:
+        slow = item.get_closest_marker("slow") is not None
+        if not slow and item.path.name not in rank:
             item.add_marker(pytest.mark.fast)
     if "TPU_NAME" in os.environ:
         return
     skip = pytest.mark.skip(reason="needs a TPU VM (set TPU_NAME)")
     for item in items:
-        if "tpu" in item.keywords:
+        if item.get_closest_marker("tpu") is not None:
             item.add_marker(skip)
 
 

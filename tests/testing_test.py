@@ -245,3 +245,32 @@ def test_numpy_step_is_tf_training_kernels(case):
         )
     # Not a no-op comparison: the step moved every row.
     assert not np.isclose(want_w, w).all(axis=1).any()
+
+
+class _Item:
+    """What `conftest.pytest_collection_modifyitems` reads of a test item."""
+
+    def __init__(self, path, keywords, markers):
+        self.path = pathlib.Path(path)
+        self.keywords = {**dict.fromkeys(keywords, 1), **markers}
+        self.markers = dict(markers)
+
+    def get_closest_marker(self, name):
+        return self.markers.get(name)
+
+    def add_marker(self, marker):
+        self.markers[marker.name] = marker
+
+
+def test_only_the_tpu_marker_skips_a_test_not_a_tpu_folder(monkeypatch):
+    # A doctest of keras_tpu_embed/tpu/ carries the folder name "tpu" among
+    # its keywords; it must run, as a test marked `tpu` must be skipped.
+    import conftest
+
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    doctest = _Item("keras_tpu_embed/tpu/conversion.py", ["tpu"], {})
+    on_tpu = _Item("tests/x_test.py", [], {"tpu": pytest.mark.tpu.mark})
+    conftest.pytest_collection_modifyitems(None, [doctest, on_tpu])
+    assert "skip" not in doctest.markers
+    assert "fast" in doctest.markers
+    assert "skip" in on_tpu.markers
