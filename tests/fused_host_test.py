@@ -169,3 +169,114 @@ def test_sparse_ids_or_sequence_lengths_keep_the_per_column_path():
     sparse = dict(features, b=tf.sparse.from_dense(features["b"]))
     assert not fused_host.applies(local, sparse, False)
     assert not fused_host.applies(local, features, True)
+
+
+def _recorded_program_inputs(monkeypatch):
+    """The shapes of every input the one program is traced with."""
+    shapes = []
+    original = fused_host._program
+
+    def recording(plan):
+        program = original(plan)
+
+        def run(inputs):
+            shapes.append([[tuple(x.shape) for x in xs] for xs in inputs])
+            return program(inputs)
+
+        return run
+
+    monkeypatch.setattr(fused_host, "_program", recording)
+    return shapes
+
+
+def test_a_declared_width_is_compiled_as_it_is_not_padded(monkeypatch):
+    # A static width is one program already; padding 3 to 4 copied the
+    # whole batch on the host for nothing.
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("b", 9), 2
+    )
+    layer = kte.TPUEmbeddingLayer([column])
+    layer({"b": tf.zeros([2, 3], tf.int64)})
+    shapes = _recorded_program_inputs(monkeypatch)
+    with layer.serving_lookups():
+        tf.function(lambda f: layer(f, training=False)).get_concrete_function(
+            {"b": tf.TensorSpec([None, 3], tf.int64)}
+        )
+    assert [s[0][0][1] for s in shapes] == [3]
+
+
+def test_a_mostly_padded_batch_of_declared_width_stays_in_the_program(
+    monkeypatch,
+):
+    # One id in 8 cells: the per-column path would compact it, but a
+    # declared width of at most ALWAYS_PADDED_WIDTH gathers as sent, as a
+    # Keras Embedding does, in the one program.
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("b", 9), 2, combiner="sum"
+    )
+    layer = kte.TPUEmbeddingLayer([column])
+    ids = np.full((16, 8), -1, np.int64)
+    ids[:, 0] = np.arange(16) % 9
+    features = {"b": tf.constant(ids)}
+    expected = layer(features, training=False)
+
+    def poisoned(*args, **kwargs):
+        device = original(*args, **kwargs)
+        return lambda *a: device(*a) + float("nan")
+
+    original = padded_host._device_part
+    monkeypatch.setattr(padded_host, "_device_part", poisoned)
+    with layer.serving_lookups():
+        serve = tf.function(lambda f: layer(f, training=False))
+        served = serve.get_concrete_function(
+            {"b": tf.TensorSpec([None, 8], tf.int64)}
+        )(features)
+    np.testing.assert_allclose(
+        served[column.name].numpy(), expected[column.name].numpy(), atol=1e-6
+    )
+
+
+def test_a_wide_mostly_padded_batch_is_compacted_not_gathered_whole():
+    # Past ALWAYS_PADDED_WIDTH the padding limit still holds: a [4, 4096]
+    # batch of 4 ids is not gathered as 16,384 rows.
+    width = 4 * fused_host.ALWAYS_PADDED_WIDTH
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("b", 9), 2, combiner="sum"
+    )
+    layer = kte.TPUEmbeddingLayer([column])
+    ids = np.full((4, width), -1, np.int64)
+    ids[:, 0] = [1, 2, 3, 4]
+    layer({"b": tf.constant(ids)})
+    fits = fused_host.padding_fits(
+        column, tf.constant(ids), tf.shape(ids, out_type=tf.int64), 4
+    )
+    assert fits is not None and not bool(fits.numpy())
+
+
+def test_columns_of_other_batch_sizes_each_pad_their_own(monkeypatch):
+    # Each column is padded to its own batch's bucket and cut back to it:
+    # no column needs another's batch size to be served in the program.
+    ident = kte.categorical_column_with_identity
+    columns = [
+        kte.embedding_column(ident("a", 9), 2),
+        kte.embedding_column(ident("b", 9), 3),
+    ]
+    layer = kte.TPUEmbeddingLayer(columns)
+    features = {
+        "a": tf.constant([[1], [2], [3]], tf.int64),
+        "b": tf.constant([[4, -1]] * 5, tf.int64),
+    }
+    expected = layer(features, training=False)
+
+    def poisoned(*args, **kwargs):
+        device = original(*args, **kwargs)
+        return lambda *a: device(*a) + float("nan")
+
+    original = padded_host._device_part
+    monkeypatch.setattr(padded_host, "_device_part", poisoned)
+    served = _serving(layer, features)(features)
+    for name, want in expected.items():
+        assert served[name].shape == want.shape
+        np.testing.assert_allclose(
+            served[name].numpy(), want.numpy(), atol=1e-6
+        )

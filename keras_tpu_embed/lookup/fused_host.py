@@ -8,20 +8,25 @@ every column of the call reads dense ids (the `inputs="ids"` export's
 `[batch, n]` matrices padded with -1), all of them go through one compiled
 program:
 
-- on the host, per column, only what XLA cannot do: the dtype and rank
-  checks (at trace time), the weights' shape check, and padding of batch
-  and width up to powers of two (so XLA compiles a handful of programs);
+- on the host, only what XLA cannot do: the dtype and rank checks (at
+  trace time), the weights' shape check, and padding of each column's
+  batch up to a power of two (so XLA compiles a handful of programs),
+  from a few ops for all columns at once; a width known at trace time is
+  compiled as it is, an unknown one is padded to a power of two too;
 - in the program: the identity columns' `default_value` mapping, the
   range check and the finite-weights check (as one flag per column, since
   XLA has no assertions), then gather, `max_norm` and combiner as
   `padded_host` computes them.
 
-Nothing is checked less: a call whose flags are not all clear, or one
-whose padded matrix would exceed `padded_host.PADDING_LIMIT` for some
-column, is answered by the per-column path instead (`fallback`), which
-raises the same errors as before with the same messages, or takes its
-sparse branch. Calls that pass give the per-column path's answers: the
-same ops on the same padded ids, only compiled together.
+Nothing is checked less: a call whose flags are not all clear is answered
+by the per-column path instead (`fallback`), which raises the same errors
+as before with the same messages. A column wider than
+`ALWAYS_PADDED_WIDTH`, or of a width unknown at trace time, is checked
+per batch against `padded_host.PADDING_LIMIT`, and a batch over it takes
+the per-column path and its sparse branch (a mostly -1 `[512, 10000]`
+batch is compacted, not gathered whole). Calls that pass give the
+per-column path's answers: the same ops on the same ids, only compiled
+together (to float rounding of the sums' order where the widths differ).
 
 Sequence lengths (`return_sequence_lengths`) and ragged or sparse ids keep
 the per-column path (`applies` says which calls are fused).
@@ -55,8 +60,8 @@ from keras_tpu_embed.preprocessing.ids import map_to_default
 from keras_tpu_embed.preprocessing.ids import prunes_weights
 from keras_tpu_embed.types import Tensor
 
-_STATIC_FIT_WIDTH = 2
-"""Widths at which padding always fits: `bucket(b) * 2 < 4 * b`."""
+ALWAYS_PADDED_WIDTH = 64
+"""Declared widths gathered as sent, with no per-batch padding check."""
 
 
 def applies(
@@ -157,49 +162,65 @@ def outputs(
     ]
     columns = [column for _, column, _ in plan]
     matrices = [_matrices(column, features) for column in columns]
-    # One op for every column's shape: host ops, not XLA, dominate a
-    # small batch, so the host side is kept to a few ops per column.
+    # Host ops, not XLA, dominate a small batch: every column's shape,
+    # bucket and padding come from a few ops for all columns at once.
     shapes = tf.shape_n([m[0] for m in matrices], out_type=tf.int64)
-    batch = shapes[0][0]
-    size = bucket(batch)
-    # Columns of another batch size than the first are served as sent by
-    # the per-column path, as are batches padding would blow up.
-    go = [tf.reduce_all(tf.equal(tf.stack(shapes)[:, 0], batch))]
-    widths = []
-    for column, inputs, shape in zip(columns, matrices, shapes):
-        width, fit = _width(column, inputs[0], shape, size)
-        widths.append(width)
-        if fit is not None:
-            go.append(fit)
+    batches = tf.stack(shapes)[:, 0]
+    sizes = bucket(batches)
+    widths = [
+        _width(column, inputs[0]) for column, inputs in zip(columns, matrices)
+    ]
+    fits = [
+        padding_fits(column, inputs[0], shape, size)
+        for column, inputs, shape, size in zip(
+            columns, matrices, shapes, tf.unstack(sizes)
+        )
+    ]
+    # Each column is padded to its own batch's bucket and cut back to its
+    # own batch, so columns of other batch sizes need no common one.
+    extra_rows = tf.unstack(sizes - batches)
+    kept_rows = tf.unstack(batches)
 
     def fused() -> dict[str, Tensor]:
-        padded = []
-        paddings: dict[Any, Tensor] = {}
-        for inputs, shape, width in zip(matrices, shapes, widths):
-            sent = inputs[0].shape[1]
-            static = isinstance(width, int) and sent is not None
-            key = (width, sent) if static else id(inputs[0])
-            if key not in paddings:
-                paddings[key] = tf.stack(
-                    [[0, size - batch], tf.stack([0, width - shape[1]])]
-                )
-            padded.append(
-                [
-                    tf.pad(x, paddings[key], constant_values=pad)
-                    for x, pad in zip(inputs, (PADDING_ID, 0.0))
-                ]
+        padded = [
+            _pad(inputs, rows, width, shape)
+            for inputs, rows, width, shape in zip(
+                matrices, extra_rows, widths, shapes
             )
+        ]
         values, clear = _program(plan)(padded)
         served = {
-            column.name: value[:batch] for column, value in zip(columns, values)
+            column.name: value[:rows]
+            for column, value, rows in zip(columns, values, kept_rows)
         }
         answer: dict[str, Tensor] = tf.cond(clear, lambda: served, fallback)
         return answer
 
+    checks = [fit for fit in fits if fit is not None]
+    if not checks:
+        return fused()
     chosen: dict[str, Tensor] = tf.cond(
-        tf.reduce_all(tf.stack(go)), fused, fallback
+        tf.reduce_all(tf.stack(checks)), fused, fallback
     )
     return chosen
+
+
+def _pad(
+    inputs: list[Tensor], rows: Tensor, width: int | Tensor, shape: Tensor
+) -> list[Tensor]:
+    """A column's ids (and weights) padded by `rows` examples and, for a
+    width not known at trace time, to `width` (-1 ids, 0 weights)."""
+    if isinstance(width, int):
+        # The trace-time width is compiled as it is: no column padding.
+        paddings = tf.stack([tf.stack([0, rows]), tf.zeros([2], tf.int64)])
+    else:
+        paddings = tf.stack(
+            [tf.stack([0, rows]), tf.stack([0, width - shape[1]])]
+        )
+    return [
+        tf.pad(x, paddings, constant_values=pad)
+        for x, pad in zip(inputs, (PADDING_ID, 0.0))
+    ]
 
 
 def _matrices(
@@ -220,26 +241,37 @@ def _matrices(
     return inputs
 
 
-def _width(
-    column: AnyEmbeddingColumn, ids: Tensor, shape: Tensor, size: Tensor
-) -> tuple[int | Tensor, Tensor | None]:
-    """The padded width (a Python int when the width is static) and
-    whether padding fits (None when it always does)."""
+def _width(column: AnyEmbeddingColumn, ids: Tensor) -> int | Tensor:
+    """The width the program is compiled for: the trace-time width as it
+    is (a sequence column's is its length), else the batch's rounded up to
+    a power of two (so that XLA compiles a handful of programs)."""
+    if column.is_sequence:
+        return int(column.max_sequence_length)
+    if ids.shape[1] is not None:
+        return int(ids.shape[1])
+    return bucket(tf.shape(ids, out_type=tf.int64)[1])
+
+
+def padding_fits(
+    column: AnyEmbeddingColumn, ids: Tensor, shape: Tensor, size: Any
+) -> Tensor | None:
+    """Whether a column's padded batch is worth gathering whole, as
+    `PaddedHostLookup._dense_fits` decides it (None: always).
+
+    A declared width of at most `ALWAYS_PADDED_WIDTH` always is: at most
+    that many rows per example, what a `keras.layers.Embedding` gathers
+    for the same input. Wider or undeclared ones are checked per batch,
+    so that a mostly -1 `[512, 10000]` batch is compacted, not gathered.
+    """
     static = ids.shape[1]
     if column.is_sequence:
-        return int(column.max_sequence_length), None
-    width: int | Tensor
-    if static is None:
-        width = bucket(shape[1])
-    else:
-        width = 1 << max(int(static) - 1, 0).bit_length()
-    if static is not None and static <= _STATIC_FIT_WIDTH:
-        return width, None
-    # As `PaddedHostLookup._dense_fits`: entries are the non-padding ids
-    # of the batch as sent.
+        return None
+    if static is not None and static <= ALWAYS_PADDED_WIDTH:
+        return None
+    width = _width(column, ids)
     entries = tf.math.count_nonzero(ids != PADDING_ID, dtype=tf.int64)
-    fit = size * width <= PADDING_LIMIT * tf.maximum(entries, shape[0])
-    return width, fit
+    fit: Tensor = size * width <= PADDING_LIMIT * tf.maximum(entries, shape[0])
+    return fit
 
 
 def _weights(
