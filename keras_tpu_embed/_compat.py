@@ -78,6 +78,13 @@ from tensorflow.python.ops import init_ops as tf_init_ops  # noqa: E402
 from tensorflow.python.ops import (  # noqa: E402
     resource_variable_ops as tf_resource_variable_ops,
 )
+
+# The fused serving lookup's error path: TF's `tf.cond` lowers to
+# Switch/Merge, and every call then walks the untaken fallback branch's
+# hundreds of ops as dead nodes; `fast_cond_v2` keeps one `If` op whose
+# branch runs as a function call only when taken (serving only: it is not
+# differentiable).
+from tensorflow.python.ops.cond_v2 import fast_cond_v2 as tf_fast_cond  # noqa: E402
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_feature_column_v2  # noqa: E402
 from tensorflow.python.tpu import tpu as tf_tpu  # noqa: E402
 from tensorflow.python.tpu import tpu_embedding_v3 as tf_tpu_embedding_v3  # noqa: E402
@@ -158,6 +165,7 @@ __all__ = [
     "tf_tpu_strategy",
     "tf_tpu_util",
     "tf_sequence_feature_column",
+    "tf_fast_cond",
     "tf_init_ops",
     "keras_in_stateless_scope",
     "keras_in_symbolic_scope",

@@ -280,3 +280,27 @@ def test_columns_of_other_batch_sizes_each_pad_their_own(monkeypatch):
         np.testing.assert_allclose(
             served[name].numpy(), want.numpy(), atol=1e-6
         )
+
+
+def test_the_error_path_is_a_call_not_dead_nodes_on_every_call():
+    # A `tf.cond` lowers to Switch/Merge: each served call walked the
+    # untaken per-column branch's hundreds of ops as dead nodes. The one
+    # `If` left runs its branch as a function call, only when taken.
+    layer = kte.TPUEmbeddingLayer(_columns())
+    features = _features()
+    layer(features)
+    specs = {
+        k: tf.TensorSpec([None] + v.shape[1:], v.dtype)
+        for k, v in features.items()
+    }
+    with layer.serving_lookups():
+        graph = (
+            tf.function(lambda f: layer(f, training=False))
+            .get_concrete_function(specs)
+            .graph
+        )
+    conds = [
+        op for op in graph.get_operations() if op.type in ("If", "StatelessIf")
+    ]
+    assert len(conds) == 1
+    assert not conds[0].get_attr("_lower_using_switch_merge")

@@ -41,6 +41,7 @@ from typing import Mapping
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_fast_cond
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup.padded_host import PADDING_LIMIT
@@ -193,8 +194,7 @@ def outputs(
             column.name: value[:rows]
             for column, value, rows in zip(columns, values, kept_rows)
         }
-        answer: dict[str, Tensor] = tf.cond(clear, lambda: served, fallback)
-        return answer
+        return answer_or_fallback(clear, served, fallback)
 
     checks = [fit for fit in fits if fit is not None]
     if not checks:
@@ -203,6 +203,30 @@ def outputs(
         tf.reduce_all(tf.stack(checks)), fused, fallback
     )
     return chosen
+
+
+def answer_or_fallback(
+    clear: Tensor,
+    served: dict[str, Tensor],
+    fallback: Callable[[], dict[str, Tensor]],
+) -> dict[str, Tensor]:
+    """`served` when `clear`, else `fallback()` (which raises, naming the
+    feature, or answers a batch the program does not take).
+
+    One `If` op whose branch runs only when taken: `tf.cond` lowers to
+    Switch/Merge, and each call then walks the untaken per-column branch
+    (hundreds of ops) as dead nodes, measured at about 0.1 us an op per
+    call. Serving only: this cond is not differentiable.
+    """
+    names = sorted(served)
+
+    def in_order(values: dict[str, Tensor]) -> list[Tensor]:
+        return [values[name] for name in names]
+
+    chosen = tf_fast_cond(
+        clear, lambda: in_order(served), lambda: in_order(fallback())
+    )
+    return dict(zip(names, chosen))
 
 
 def _pad(
