@@ -164,43 +164,53 @@ def outputs(
     columns = [column for _, column, _ in plan]
     matrices = [_matrices(column, features) for column in columns]
     # Host ops, not XLA, dominate a small batch: every column's shape,
-    # bucket and padding come from a few ops for all columns at once.
+    # bucket, padding and cut come from one op each for all columns.
     shapes = tf.shape_n([m[0] for m in matrices], out_type=tf.int64)
     batches = tf.stack(shapes)[:, 0]
     sizes = bucket(batches)
     widths = [
         _width(column, inputs[0]) for column, inputs in zip(columns, matrices)
     ]
-    fits = [
-        padding_fits(column, inputs[0], shape, size)
-        for column, inputs, shape, size in zip(
-            columns, matrices, shapes, tf.unstack(sizes)
-        )
+    needs_check = [
+        _needs_padding_check(column, inputs[0])
+        for column, inputs in zip(columns, matrices)
     ]
+    fits = []
+    if any(needs_check):
+        for column, inputs, shape, size, check in zip(
+            columns, matrices, shapes, tf.unstack(sizes), needs_check
+        ):
+            if check:
+                fits.append(padding_fits(column, inputs[0], shape, size))
     # Each column is padded to its own batch's bucket and cut back to its
     # own batch, so columns of other batch sizes need no common one.
-    extra_rows = tf.unstack(sizes - batches)
-    kept_rows = tf.unstack(batches)
+    extra = sizes - batches
+    none = tf.zeros_like(extra)
+    count = len(columns)
+    row_paddings = tf.unstack(
+        tf.reshape(tf.stack([none, extra, none, none], 1), [count, 2, 2])
+    )
+    ends = tf.unstack(tf.reshape(batches, [count, 1]))
+    start = tf.zeros([1], tf.int64)
 
     def fused() -> dict[str, Tensor]:
         padded = [
-            _pad(inputs, rows, width, shape)
-            for inputs, rows, width, shape in zip(
-                matrices, extra_rows, widths, shapes
+            _pad(inputs, paddings, width, shape)
+            for inputs, paddings, width, shape in zip(
+                matrices, row_paddings, widths, shapes
             )
         ]
         values, clear = _program(plan)(padded)
         served = {
-            column.name: value[:rows]
-            for column, value, rows in zip(columns, values, kept_rows)
+            column.name: tf.strided_slice(value, start, end)
+            for column, value, end in zip(columns, values, ends)
         }
         return answer_or_fallback(clear, served, fallback)
 
-    checks = [fit for fit in fits if fit is not None]
-    if not checks:
+    if not fits:
         return fused()
     chosen: dict[str, Tensor] = tf.cond(
-        tf.reduce_all(tf.stack(checks)), fused, fallback
+        tf.reduce_all(tf.stack(fits)), fused, fallback
     )
     return chosen
 
@@ -230,21 +240,23 @@ def answer_or_fallback(
 
 
 def _pad(
-    inputs: list[Tensor], rows: Tensor, width: int | Tensor, shape: Tensor
+    inputs: list[Tensor], paddings: Tensor, width: int | Tensor, shape: Tensor
 ) -> list[Tensor]:
-    """A column's ids (and weights) padded by `rows` examples and, for a
-    width not known at trace time, to `width` (-1 ids, 0 weights)."""
-    if isinstance(width, int):
-        # The trace-time width is compiled as it is: no column padding.
-        paddings = tf.stack([tf.stack([0, rows]), tf.zeros([2], tf.int64)])
-    else:
-        paddings = tf.stack(
-            [tf.stack([0, rows]), tf.stack([0, width - shape[1]])]
-        )
-    return [
+    """A column's ids (and weights) padded by `paddings` (extra examples)
+    and, for a width not known at trace time, to `width` (-1 ids, 0
+    weights). A trace-time width is compiled as it is."""
+    if not isinstance(width, int):
+        columns = tf.stack([0, width - shape[1]])
+        paddings = paddings + tf.stack([tf.zeros_like(columns), columns])
+    padded = [
         tf.pad(x, paddings, constant_values=pad)
         for x, pad in zip(inputs, (PADDING_ID, 0.0))
     ]
+    if isinstance(width, int):
+        # Shape inference cannot see that `paddings` leaves it alone.
+        for x in padded:
+            x.set_shape([None, width])
+    return padded
 
 
 def _matrices(
@@ -276,22 +288,27 @@ def _width(column: AnyEmbeddingColumn, ids: Tensor) -> int | Tensor:
     return bucket(tf.shape(ids, out_type=tf.int64)[1])
 
 
+def _needs_padding_check(column: AnyEmbeddingColumn, ids: Tensor) -> bool:
+    """Whether padding a column's batch must be checked per batch.
+
+    A declared width of at most `ALWAYS_PADDED_WIDTH` need not: at most
+    that many rows per example, what a `keras.layers.Embedding` gathers
+    for the same input; nor a sequence column, whose output has its
+    length's slots anyway. Wider or undeclared widths are checked, so that
+    a mostly -1 `[512, 10000]` batch is compacted, not gathered.
+    """
+    if column.is_sequence:
+        return False
+    static = ids.shape[1]
+    return static is None or static > ALWAYS_PADDED_WIDTH
+
+
 def padding_fits(
     column: AnyEmbeddingColumn, ids: Tensor, shape: Tensor, size: Any
-) -> Tensor | None:
+) -> Tensor:
     """Whether a column's padded batch is worth gathering whole, as
-    `PaddedHostLookup._dense_fits` decides it (None: always).
-
-    A declared width of at most `ALWAYS_PADDED_WIDTH` always is: at most
-    that many rows per example, what a `keras.layers.Embedding` gathers
-    for the same input. Wider or undeclared ones are checked per batch,
-    so that a mostly -1 `[512, 10000]` batch is compacted, not gathered.
-    """
-    static = ids.shape[1]
-    if column.is_sequence:
-        return None
-    if static is not None and static <= ALWAYS_PADDED_WIDTH:
-        return None
+    `PaddedHostLookup._dense_fits` decides it (for the columns
+    `_needs_padding_check` names)."""
     width = _width(column, ids)
     entries = tf.math.count_nonzero(ids != PADDING_ID, dtype=tf.int64)
     fit: Tensor = size * width <= PADDING_LIMIT * tf.maximum(entries, shape[0])
