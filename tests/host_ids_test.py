@@ -157,6 +157,15 @@ def test_dense_ids_refuse_features_they_cannot_read_one_way():
         dense_ids_of([column])(features)
     with pytest.raises(ValueError, match=r"\['item'\] are read by a host"):
         dense_ids_of([column, on_tensor_core])({"item": features["item"]})
+    sequence = kte.sequence_categorical_column_with_identity("item", 6)
+    with pytest.raises(ValueError, match=r"only the categorical columns"):
+        dense_ids_of([sequence])({"item": features["item"]})
+    # An embedding column says where its lookup runs.
+    both = [sequence, kte.embedding_column(sequence, 2, max_sequence_length=2)]
+    assert dense_ids_of(both)({"item": features["item"]})["item"].shape == (
+        1,
+        1,
+    )
     ragged = tf.ragged.constant([[1, -1], []], tf.int64)
     np.testing.assert_array_equal(
         dense_ids_of([column])({"item": ragged})["item"], [[1, -2], [-1, -1]]

@@ -160,8 +160,10 @@ def distribute_dataset(
             values whose weight feature cannot be told, (on a TPU
             without one) sparse or ragged features with no columns known,
             or (under `MirroredStrategy`) sparse or ragged features that
-            no known column reads, or that a host column and a
-            `tpu_tensor_core` column both read.
+            no known column reads, that a host column and a
+            `tpu_tensor_core` column both read, or sequence or
+            `default_value` identity features known only by their
+            categorical column.
 
     Example:
 

@@ -157,8 +157,10 @@ def keras_dense_ids(
 
     Raises:
         ValueError: (when the function is traced) a sparse or ragged
-            feature that no known column reads, or one that a host column
-            and a tensor-core column both read.
+            feature that no known column reads, one that a host column
+            and a tensor-core column both read, or a sequence or
+            `default_value` identity feature known only by its
+            categorical column (its lookup decides how a -1 reads).
     """
     if (
         not isinstance(strategy, tf.distribute.MirroredStrategy)
@@ -177,16 +179,25 @@ def dense_ids_of(columns: Sequence[Any]) -> Callable[[Any], Any]:
     host: set[str] = set()
     tensor_core: set[str] = set()
     weights: set[str] = set()
+    # Keys known only from a categorical column, whose lookup is not known
+    # here: the host one runs unless an embedding column says otherwise,
+    # and reads a -1 as the tensor core does, but for sequence lengths and
+    # identity columns' defaults.
+    undecided: set[str] = set()
+    categorical_host: set[str] = set()
     for column in columns:
         try:
             embedding = to_embedding_column(column)
         except TypeError:
-            # A categorical column: its lookup is not known here, and the
-            # host lookup is the one that runs unless a column says so.
             (categorical,) = categorical_columns_of([column])
             key = categorical.feature_key
             weight_key = categorical.weight_feature_key
-            host.add(key)
+            if (
+                categorical.is_sequence
+                or categorical.out_of_range_id is not None
+            ):
+                undecided.add(key)
+            categorical_host.add(key)
         else:
             key, weight_key = (
                 embedding.feature_key,
@@ -198,6 +209,8 @@ def dense_ids_of(columns: Sequence[Any]) -> Callable[[Any], Any]:
                 host.add(key)
         if weight_key:
             weights.add(weight_key)
+    undecided -= host | tensor_core
+    host |= categorical_host
 
     def dense(features: Any) -> Any:
         if not isinstance(features, dict):
@@ -229,6 +242,18 @@ def dense_ids_of(columns: Sequence[Any]) -> Callable[[Any], Any]:
                 "for Keras' model.fit under MirroredStrategy with one answer "
                 "for both. Give each column its own feature, or train in a "
                 "custom loop through strategy.run, which takes sparse ids."
+            )
+        unsure = [k for k in composite if k in undecided]
+        if unsure:
+            raise ValueError(
+                f"distribute_dataset knows only the categorical columns of "
+                f"the features {unsure}, not whether the layers read them "
+                "on the host or on the tensor core, which read a -1 in "
+                "sparse ids differently (sequence lengths, identity "
+                "columns' default_value), so it cannot make them dense for "
+                "Keras' model.fit under MirroredStrategy. Pass the model's "
+                "embedding columns: preprocessor=kte.FeaturePreprocessor("
+                "embedding_columns) or columns=[...]."
             )
         out = dict(features)
         for key in composite:
