@@ -359,12 +359,13 @@ def _static_batch(size: int) -> Callable[[Any], Any]:
     """Features with a static batch size (lost in `unbatch`)."""
 
     def static(features: Any) -> Any:
-        return tf.nest.map_structure(
-            lambda value: tf.ensure_shape(
-                value, [size] + [None] * (value.shape.rank - 1)
-            ),
-            features,
-        )
+        def sized(value: Any) -> Any:
+            rank = value.shape.rank
+            if not isinstance(value, tf.Tensor) or not rank:
+                return value
+            return tf.ensure_shape(value, [size] + [None] * (rank - 1))
+
+        return tf.nest.map_structure(sized, features)
 
     return static
 
