@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 from typing import Callable
 
+from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_attr_value_pb2
 from keras_tpu_embed._compat import tf_tpu
 from keras_tpu_embed._compat import tf_tpu_embedding_v3
@@ -137,6 +138,34 @@ def set_distributed_dataset_cardinality(distributed: Any, steps: int) -> None:
     offers no setter; Keras reads it for the steps of an epoch.
     """
     distributed._cardinality = steps
+
+
+# Datasets that yield their input's elements, all of them once, reordered
+# at most: `prefetch` (`prefetch_op.py`), `with_options` (`dataset_ops.py`),
+# `shuffle` (`shuffle_op.py`).
+_SAME_ELEMENTS = ("_PrefetchDataset", "_OptionsDataset", "_ShuffleDataset")
+_BATCHES = ("_BatchDataset", "_ParallelBatchDataset")  # `batch_op.py`
+
+
+def batch_arguments(dataset: Any) -> tuple[Any, int, bool] | None:
+    """`(examples, batch_size, drop_remainder)` when `dataset` is
+    `examples.batch(batch_size, drop_remainder)`, perhaps prefetched,
+    shuffled or given options after; else None.
+
+    How many full batches a batched dataset holds needs the length of what
+    it batches: only a short last batch has another size. TF keeps a
+    dataset's input and arguments as private fields (`_input_dataset`,
+    `_batch_size`, `_drop_remainder`), with no public road to them.
+    """
+    while type(dataset).__name__ in _SAME_ELEMENTS:
+        dataset = dataset._input_dataset
+    if type(dataset).__name__ not in _BATCHES:
+        return None
+    size = tf.get_static_value(dataset._batch_size)
+    drop = tf.get_static_value(dataset._drop_remainder)
+    if size is None or drop is None:
+        return None
+    return dataset._input_dataset, int(size), bool(drop)
 
 
 def replica_index(context: Any) -> int:

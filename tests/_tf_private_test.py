@@ -72,6 +72,19 @@ def test_distributed_dataset_cardinality_reads_and_sets_what_keras_reads():
     assert _tf_private.distributed_dataset_options(distributed) is None
 
 
+def test_batch_arguments_read_what_dataset_batch_was_given():
+    examples = tf.data.Dataset.range(10)
+    source, size, drop = _tf_private.batch_arguments(
+        examples.batch(4).shuffle(3).prefetch(2)
+    )
+    assert (int(source.cardinality()), size, drop) == (10, 4, False)
+    parallel = examples.batch(3, drop_remainder=True, num_parallel_calls=2)
+    assert _tf_private.batch_arguments(parallel)[1:] == (3, True)
+    # A map may change the rows of a batch: its batches are not known.
+    assert _tf_private.batch_arguments(examples.batch(4).map(abs)) is None
+    assert _tf_private.batch_arguments(examples) is None
+
+
 def test_engine_optimizer_slot_names_are_the_ones_tf_creates():
     embedding = tf.tpu.experimental.embedding
     assert _tf_private.engine_optimizer_slot_names(embedding.SGD(0.1)) == []

@@ -282,8 +282,9 @@ def check(strategy, jit):
         str(s) for s in specs
         if not isinstance(s, tf.TensorSpec) or not s.shape.is_fully_defined()
     ]
-    # What the replica received before: the preprocessor's sparse ids, as
-    # on hardware with neither engine nor padding.
+    # What the replica received before: the preprocessor's ids, as on
+    # hardware with neither engine nor tensor-core padding (made dense for
+    # Keras' fit under MirroredStrategy, with the sparse ids' answers).
     tpu_hardware.embedding_hardware = real_hardware
     today = kte.distribute_dataset(strategy, raw, 4, preprocessor=pre)
     tpu_hardware.embedding_hardware = no_engine
@@ -384,3 +385,211 @@ def test_no_engine_tpu_pads_by_columns_or_refuses_unknown_sparse(
     ]
     with pytest.raises(ValueError, match=r"no embedding engine.*\['item'\]"):
         kte.distribute_dataset(strategy, _examples(6), 3)
+
+
+def test_global_steps_are_counted_only_where_no_batch_can_be_short():
+    from keras_tpu_embed.tpu.distribute import global_steps
+
+    examples = tf.data.Dataset.range(10)
+    assert global_steps(examples, False, 4) == 2
+    assert global_steps(examples.batch(4), True, 4) == 2  # [8, 9] dropped
+    assert global_steps(examples.batch(5).prefetch(1), True, 5) == 2
+    exact = examples.batch(4, drop_remainder=True).map(lambda x: x * 2)
+    assert global_steps(exact, True, 4) == 2  # static: every batch is full
+    assert global_steps(examples.batch(20), True, 10) == 1  # one, short
+    # A map may change the rows of a batch, so which are full is not known
+    # without reading them: a count too small would lose data in `fit`.
+    assert global_steps(examples.batch(4).map(lambda x: x), True, 4) is None
+    assert global_steps(examples.filter(lambda x: True), False, 4) is None
+    assert global_steps(examples.repeat(), False, 4) is None
+
+
+# `model.fit` under MirroredStrategy over 2 logical CPUs, on what
+# `distribute_dataset` makes (issue 34): the preprocessor's multi-valued
+# ids, and the number of steps of a batched dataset. Keras' `fit` reads the
+# first batch of every replica (`_maybe_symbolic_build` in
+# keras/src/backend/tensorflow/trainer.py), which fails on sparse tensors,
+# and warns "Your input ran out of data" (keras/src/trainers/
+# epoch_iterator.py) when the dataset's cardinality promised more steps than
+# it had, or none at all.
+MIRRORED_FIT_SCRIPT = r"""
+import json
+import warnings
+import numpy as np
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+)
+import keras
+import keras_tpu_embed as kte
+
+one = tf.distribute.OneDeviceStrategy("/cpu:0")
+mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+N, BATCH = 36, 8  # 4 full global batches and a short one, dropped
+rng = np.random.default_rng(0)
+
+
+class Steps(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.count += 1
+
+
+def ragged(make):
+    return tf.ragged.constant([make(1 + i % 3) for i in range(N)])
+
+
+def columns():
+    # "z" is out of the vocabularies, which have no OOV buckets: id -1.
+    tag = kte.categorical_column_with_vocabulary_list("tag", ["a", "b", "c"])
+    item = kte.weighted_categorical_column(
+        kte.categorical_column_with_identity("item", 10), "item_w"
+    )
+    hist = kte.sequence_categorical_column_with_vocabulary_list(
+        "hist", ["a", "b", "c"]
+    )
+    return [
+        kte.embedding_column(tag, 4, combiner="mean"),
+        kte.embedding_column(item, 3, combiner="sqrtn"),
+        kte.embedding_column(hist, 2, combiner="sum", max_sequence_length=3),
+    ]
+
+
+raw = tf.data.Dataset.from_tensor_slices(
+    (
+        {
+            "tag": ragged(lambda n: list(rng.choice(list("abcz"), n)))
+            .to_sparse(),
+            "item": ragged(lambda n: rng.integers(0, 10, n).tolist())
+            .to_sparse(),
+            "item_w": ragged(lambda n: rng.uniform(0.5, 2, n).tolist())
+            .to_sparse(),
+            "hist": ragged(lambda n: list(rng.choice(list("abcz"), n)))
+            .to_sparse(),
+        },
+        rng.normal(size=(N, 1)).astype(np.float32),
+    )
+).batch(BATCH)
+
+
+def train_on_ids(strategy):
+    keras.utils.set_random_seed(1)
+    pre = kte.FeaturePreprocessor(columns())
+    with strategy.scope():
+        layer = kte.TPUEmbeddingLayer(
+            columns(),
+            config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.4)),
+            return_sequence_lengths=True,
+        )
+        inputs = pre.keras_inputs()
+        out = layer(inputs)
+        flat = keras.layers.Concatenate()(
+            [
+                keras.layers.Flatten()(keras.ops.cast(out[key], "float32"))
+                for key in sorted(out)
+            ]
+        )
+        model = keras.Model(inputs, keras.layers.Dense(1)(flat))
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    data = kte.distribute_dataset(strategy, raw, preprocessor=pre)
+    model.fit(data, epochs=2, verbose=0)
+    tables = {
+        spec.name: np.asarray(
+            strategy.experimental_local_results(
+                layer.table_variable(spec.name).value
+            )[0]
+        )
+        for spec in layer.local_table_specs
+    }
+    predictions = model.predict(data, verbose=0)
+    return tables, np.asarray(predictions)
+
+
+def preprocessed_ids():
+    try:
+        one_tables, one_pred = train_on_ids(one)
+        tables, pred = train_on_ids(mirrored)
+    except Exception as e:  # reported, so that the test shows it
+        return {"error": f"{type(e).__name__}: {str(e)[-600:]}"}
+    return {
+        "error": None,
+        "max_difference": max(
+            float(np.max(np.abs(tables[k] - one_tables[k])))
+            for k in one_tables
+        ),
+        "prediction_difference": float(np.max(np.abs(pred - one_pred))),
+        "predictions": int(pred.shape[0]),
+    }
+
+
+def steps_of_a_batched_dataset():
+    features = {"item": rng.integers(0, 10, (N, 2)).astype(np.int64)}
+    batched = tf.data.Dataset.from_tensor_slices(
+        (features, np.zeros((N, 1), np.float32))
+    ).batch(BATCH)
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 10), 2
+    )
+    with mirrored.scope():
+        inputs = {"item": keras.Input((2,), dtype="int64", name="item")}
+        layer = kte.TPUEmbeddingLayer([column], output="concat")
+        model = keras.Model(inputs, keras.layers.Dense(1)(layer(inputs)))
+        model.compile("sgd", "mse")
+    data = kte.distribute_dataset(mirrored, batched)
+    steps = Steps()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(data, epochs=2, verbose=0, callbacks=[steps])
+    return {
+        "cardinality": int(data.cardinality),
+        "steps": steps.count,
+        "ran_out": [str(w.message)[:80] for w in caught
+                    if "ran out of data" in str(w.message)],
+    }
+
+
+print(json.dumps({
+    "steps": steps_of_a_batched_dataset(),
+    "preprocessed": preprocessed_ids(),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def mirrored_fit(tmp_path_factory):
+    from tests import testing
+
+    # A file, not `-c`: Keras reads the source of the script's lambdas.
+    script = tmp_path_factory.mktemp("mirrored") / "fit.py"
+    script.write_text(MIRRORED_FIT_SCRIPT)
+    completed = testing.run_python(str(script), TF_CPP_MIN_LOG_LEVEL="3")
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_mirrored_fit_runs_the_steps_of_a_batched_dataset(mirrored_fit):
+    """Before, its cardinality was unknown (-2): Keras ran the 4 steps of
+    each epoch, then warned that the input had run out of data."""
+    result = mirrored_fit["steps"]
+    print(result)
+    assert result["cardinality"] == 4  # the short fifth batch is dropped
+    assert result["steps"] == 2 * 4
+    assert result["ran_out"] == []
+
+
+@pytest.mark.slow
+def test_mirrored_fit_takes_the_preprocessors_ids(mirrored_fit):
+    """Before, `fit` failed before its first step on the preprocessor's
+    sparse ids ('SparseTensor' object has no attribute 'device')."""
+    result = mirrored_fit["preprocessed"]
+    print(result)
+    assert result["error"] is None
+    assert result["predictions"] == 4 * 8
+    assert result["max_difference"] < 1e-5
+    assert result["prediction_difference"] < 1e-5

@@ -27,12 +27,14 @@ from typing import Sequence
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_data_distribute
 from keras_tpu_embed._compat import tf_eager_context
+from keras_tpu_embed._tf_private import batch_arguments
 from keras_tpu_embed._tf_private import distributed_dataset_cardinality
 from keras_tpu_embed._tf_private import distributed_dataset_options
 from keras_tpu_embed._tf_private import set_distributed_dataset_cardinality
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.lookup import engine_registry
 from keras_tpu_embed.tpu.host_ids import engine_id_filter
+from keras_tpu_embed.tpu.host_ids import keras_dense_ids
 from keras_tpu_embed.tpu.host_ids import tensor_core_padding
 from keras_tpu_embed.tpu.host_shares import batch_size_of
 from keras_tpu_embed.tpu.host_shares import host_slices
@@ -124,20 +126,44 @@ def distribute_dataset(
     `preprocessor.columns` or `columns`; without either, sparse or ragged
     features are an error there.
 
+    Under `MirroredStrategy` with several replicas, Keras' `model.fit`
+    fails on sparse and ragged inputs before its first step, so they are
+    made dense here, on the host, with the answer of the sparse ids kept
+    (`host_ids.keras_dense_ids`): ids padded with -1 and weights with 0,
+    which the layers read as "no id", with one width for the replicas of a
+    step. A -1 the sparse ids hold (out of a vocabulary without OOV
+    buckets) becomes -2 for the host lookup, which reads -2 as it reads a
+    sparse -1 (pruned, or an identity column's default, and counted in a
+    sequence's length), where a dense -1 would be padding. The columns
+    come from `preprocessor.columns` or `columns`. Under
+    `MultiWorkerMirroredStrategy`, where Keras' `fit` does not run, sparse
+    ids stay sparse for the custom loop.
+
     Returns:
         A `tf.distribute.DistributedDataset` for `model.fit`, `evaluate` and
         `predict`. Its `cardinality` is its number of steps (global
-        batches) when the input's length is known, so that Keras needs no
+        batches) when the input's length is known without reading it
+        (`global_steps`: single examples, or a batched dataset whose
+        batches have the global size by their static shape, or
+        `examples.batch(n)` of known length), so that Keras needs no
         `steps_per_epoch` or `steps` for it; an endless or unknown-length
-        input still needs them.
+        input still needs them, and so does a batched dataset of known
+        length made otherwise (e.g. a `map` after `batch`, which may change
+        the rows of a batch), where Keras warns that the input ran out of
+        data at the end of each epoch.
 
     Raises:
         ValueError: a distributed dataset that fetches to device, a batch
             size that is not a positive multiple of the replica count, a
             function without a batch size, a dataset of single examples
             without one, (with an engine) sparse ids with negative
-            values whose weight feature cannot be told, or (on a TPU
-            without one) sparse or ragged features with no columns known.
+            values whose weight feature cannot be told, (on a TPU
+            without one) sparse or ragged features with no columns known,
+            or (under `MirroredStrategy`) sparse or ragged features that
+            no known column reads, that a host column and a
+            `tpu_tensor_core` column both read, or sequence or
+            `default_value` identity features known only by their
+            categorical column.
 
     Example:
 
@@ -188,6 +214,7 @@ def distribute_dataset(
         )
 
     clean_ids = engine_id_filter(strategy, preprocessor)
+    dense_ids = keras_dense_ids(strategy, preprocessor, columns)
     batch_size = global_batch_size
     engine_registry.note_dataset_batch(
         strategy, global_batch_size // strategy.num_replicas_in_sync
@@ -202,6 +229,22 @@ def distribute_dataset(
             if step is not None:
                 dataset = dataset.map(
                     _on_features(step), num_parallel_calls=tf.data.AUTOTUNE
+                )
+        if dense_ids is not None:
+            # One step's per-replica batches together, so that its replicas
+            # get one width: Keras averages the first step's over them.
+            replicas = pod_shape(context)[2]
+            length = dataset.cardinality()
+            dataset = (
+                dataset.batch(replicas)
+                .map(_on_features(dense_ids))
+                .unbatch()
+                .map(_on_features(_static_batch(per_replica)))
+            )
+            if tf.get_static_value(length) != tf.data.UNKNOWN_CARDINALITY:
+                # The same batches: `unbatch` cannot tell.
+                dataset = dataset.apply(
+                    tf.data.experimental.assert_cardinality(length)
                 )
         return dataset.prefetch(tf.data.AUTOTUNE)
 
@@ -225,21 +268,67 @@ def distribute_dataset(
         dataset_fn,
         options=tf.distribute.InputOptions(experimental_fetch_to_device=False),
     )
-    _count_steps(distributed, replicas_per_host)
+    steps = None
+    if isinstance(dataset_or_fn, tf.data.Dataset):
+        steps = global_steps(dataset_or_fn, batched, global_batch_size)
+    _count_steps(distributed, replicas_per_host, steps)
     return distributed
 
 
-def _count_steps(distributed: Any, replicas_per_host: list[int]) -> None:
+def global_steps(
+    dataset: Any, batched: bool, global_batch_size: int
+) -> int | None:
+    """The number of full global batches of `dataset`, when it is known
+    without reading it; else None.
+
+    Single examples of known length `n` make `n // global_batch_size`. A
+    batched dataset of known length makes as many when its batches all
+    have `global_batch_size` rows by their static shape; or when it is
+    `examples.batch(global_batch_size)` (perhaps prefetched or shuffled
+    after) of examples of known length, whose short last batch is the one
+    dropped. Any other batched dataset may hold short batches anywhere,
+    which are dropped too: its count is not known without reading it all.
+    """
+    length = tf.get_static_value(dataset.cardinality())
+    if length is None or length < 0:
+        return None  # unknown or infinite
+    if not batched:
+        return int(length) // global_batch_size
+    rows = {spec.shape[0] for spec in tf.nest.flatten(dataset.element_spec)}
+    if rows == {global_batch_size}:
+        return int(length)
+    made = batch_arguments(dataset)
+    if made is None:
+        return None
+    examples, size, _ = made
+    count = tf.get_static_value(examples.cardinality())
+    if count is None or count < 0:
+        return None
+    if size == global_batch_size:
+        return int(count) // size
+    # Fewer examples than one batch: the first batch, short, sets the size.
+    return 1 if count == global_batch_size else None
+
+
+def _count_steps(
+    distributed: Any, replicas_per_host: list[int], steps: int | None
+) -> None:
     """Makes the distributed dataset's `cardinality` its number of steps.
 
     Keras takes an epoch's steps from it when `steps_per_epoch` / `steps`
-    are not given. TF's `distribute_datasets_from_function` answers the
-    first host's count of per-replica batches, which that host's replicas
-    take in turn, one each per step: Keras expected `replicas_per_host`
-    times the steps and warned that the input ran out.
+    are not given, and warns that the input ran out of data when it ends
+    before them, or when there are none (unknown). `steps` are the input's
+    global batches when known (`global_steps`). Else, TF's
+    `distribute_datasets_from_function` answers the first host's count of
+    per-replica batches (unknown after a `filter`), which that host's
+    replicas take in turn, one each per step: Keras expected
+    `replicas_per_host` times the steps.
     """
     if not isinstance(distributed, tf.distribute.DistributedDataset):
         return  # The default strategy's plain dataset counts its batches.
+    if steps is not None:
+        set_distributed_dataset_cardinality(distributed, steps)
+        return
     batches = distributed_dataset_cardinality(distributed)
     if batches is None or batches < 0 or not replicas_per_host:
         return  # Infinite or unknown: Keras needs steps_per_epoch then.
@@ -264,6 +353,21 @@ def _remote_host() -> str | None:
     ):
         return None
     return str(context.device_name)
+
+
+def _static_batch(size: int) -> Callable[[Any], Any]:
+    """Features with a static batch size (lost in `unbatch`)."""
+
+    def static(features: Any) -> Any:
+        def sized(value: Any) -> Any:
+            rank = value.shape.rank
+            if not isinstance(value, tf.Tensor) or not rank:
+                return value
+            return tf.ensure_shape(value, [size] + [None] * (rank - 1))
+
+        return tf.nest.map_structure(sized, features)
+
+    return static
 
 
 def _on_features(preprocessor: Callable[[Any], Any]) -> Callable[..., Any]:
