@@ -228,6 +228,8 @@ def answer_or_fallback(
     (hundreds of ops) as dead nodes, measured at about 0.1 us an op per
     call. Serving only: this cond is not differentiable.
     """
+    if tf.executing_eagerly():  # a layer called eagerly in serving mode
+        return served if bool(clear) else fallback()
     names = sorted(served)
 
     def in_order(values: dict[str, Tensor]) -> list[Tensor]:

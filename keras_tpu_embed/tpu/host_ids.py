@@ -24,6 +24,7 @@ from typing import Sequence
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_column
+from keras_tpu_embed.columns.embedding import ColumnLike
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.lookup import engine_registry
 from keras_tpu_embed.lookup.devices import LookupDevice
@@ -173,7 +174,7 @@ def keras_dense_ids(
     return dense_ids_of(known)
 
 
-def dense_ids_of(columns: Sequence[Any]) -> Callable[[Any], Any]:
+def dense_ids_of(columns: Sequence[ColumnLike]) -> Callable[[Any], Any]:
     """Sparse and ragged features dense, each as the layers of `columns`
     read it: see `keras_dense_ids`."""
     host: set[str] = set()
