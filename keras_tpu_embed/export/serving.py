@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 from typing import Any
+from typing import Callable
 from typing import Iterator
 
 import numpy as np
@@ -24,6 +25,8 @@ from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import print_msg
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.export.column_preprocessor import preprocessor_from_columns
+from keras_tpu_embed.export.compiled_model import check_compiles
+from keras_tpu_embed.export.compiled_model import compiled_call
 from keras_tpu_embed.export.export_records import record_table_dtype
 from keras_tpu_embed.export.export_records import write_digests
 from keras_tpu_embed.export.export_records import write_export_info
@@ -87,6 +90,7 @@ def export_saved_model(
     table_dtype: str = "float32",
     inputs: str = "raw",
     verbose: bool = True,
+    jit_compile: bool = False,
 ) -> str:
     """Writes a serving SavedModel of `model` to `path`.
 
@@ -138,6 +142,13 @@ def export_saved_model(
     weighted sum of its rows' bounds over the combiner's normalizer. Only
     the quantized tables are saved; the model's own stay float32.
 
+    `jit_compile=True` runs every layer of a functional model after its
+    embedding layers as one XLA program (`export/compiled_model.py`); the
+    lookups, and the layers before them, run as without it, with every
+    check. XLA compiles that program once per batch size served (the first
+    call at a new size waits for it), and once at export, so that a model
+    XLA cannot compile fails here. For servers that batch to a few sizes.
+
     Args:
         model: A Keras model whose inputs are the preprocessor's outputs
             (ids and weights keyed by feature key).
@@ -149,6 +160,8 @@ def export_saved_model(
         table_dtype: `"float32"`, `"bfloat16"` or `"int8"`.
         inputs: `"raw"` (raw features in) or `"ids"` (the model's inputs).
         verbose: Print the signatures and output keys.
+        jit_compile: Compile the layers after the embedding layers with
+            XLA.
 
     Returns:
         The path written.
@@ -159,7 +172,9 @@ def export_saved_model(
             model with no embedding layer or with inputs its columns do not
             produce; a table with NaN or inf values quantized; a column on
             `tpu_embedding_core` with no serving choice; the tensor core for
-            a column without `tensor_core_shape`.
+            a column without `tensor_core_shape`; with `jit_compile`, a
+            model that is not functional, an embedding layer nested in
+            another layer or called twice, or layers XLA cannot compile.
 
     Example:
 
@@ -202,8 +217,9 @@ def export_saved_model(
         # Inside: a layer that cannot serve at all says so first.
         if inputs == "raw" and preprocessor is None:
             preprocessor = preprocessor_from_columns(model)
+        call = _model_call(model, jit_compile)
         if preprocessor is not None:
-            signatures = _raw_signatures(model, preprocessor)
+            signatures = _raw_signatures(model, preprocessor, call)
         else:
             signature = model_input_signature(model)
 
@@ -212,11 +228,15 @@ def export_saved_model(
                     k: as_batch_matrix(k, ensure_signature_shape(k, v))
                     for k, v in features.items()
                 }
-                return _output_dict(model, model(dense, training=False))
+                return _output_dict(model, call(dense))
 
             signatures["serving_default"] = tf.function(
                 serve_ids, input_signature=[signature], autograph=False
             ).get_concrete_function()
+        if jit_compile:
+            # `serve_examples` runs the same program on parsed examples.
+            served = signatures["serving_default"]
+            check_compiles(served, served.structured_input_signature[0][0])
         # Inside: quantized tables live only while the context holds them.
         root = tf.Module()
         # Track exactly what the serving graphs read: tables (or their
@@ -246,8 +266,18 @@ def export_saved_model(
     return path
 
 
+def _model_call(model: keras.Model, jit_compile: bool) -> Callable[[Any], Any]:
+    """The model's serving call: as it is, or cut at its lookups with the
+    rest compiled by XLA (`jit_compile`)."""
+    if jit_compile:
+        return compiled_call(model)
+    return lambda inputs: model(inputs, training=False)
+
+
 def _raw_signatures(
-    model: keras.Model, preprocessor: FeaturePreprocessor
+    model: keras.Model,
+    preprocessor: FeaturePreprocessor,
+    call: Callable[[Any], Any],
 ) -> dict[str, Any]:
     """`serving_default` on raw features and `serve_examples`, traced."""
     pads = cross_padding(preprocessor)
@@ -256,14 +286,14 @@ def _raw_signatures(
         dense = {k: as_batch_matrix(k, v) for k, v in features.items()}
         dense = drop_padding(dense, pads)
         ids = model_inputs(model, preprocessor(dense))
-        return _output_dict(model, model(ids, training=False))
+        return _output_dict(model, call(ids))
 
     spec = make_parse_example_spec(preprocessor.categorical_columns)
 
     def serve_examples(examples: Tensor) -> dict[str, Tensor]:
         features = tf.io.parse_example(examples, spec)
         ids = model_inputs(model, preprocessor(features))
-        return _output_dict(model, model(ids, training=False))
+        return _output_dict(model, call(ids))
 
     # serving_default first: the printed summary lists it first.
     return {
