@@ -2,7 +2,8 @@
 
 Writes W1's `kte_cpu` export (`exports.py`: `export_saved_model` of the
 package's layers, `lookup_device="cpu"`, float32) and the fastest peer's,
-`keras_embedding_xla`, loads each with `tf.saved_model.load`, and at each
+`keras_embedding_xla` (for W4 also `kte_cpu_xla`, with `jit_compile=True`),
+loads each with `tf.saved_model.load`, and at each
 batch size calls `serving_default` on W1's dense ids:
 
 - wall time per call (median of `--calls`, after a warm-up);
@@ -137,6 +138,10 @@ def main(argv: list[str] | None = None) -> None:
         )[0]
         for name, export in (
             ("kte_cpu", criteo_serving.export_kte),
+            (
+                "kte_cpu_xla",
+                lambda s, p: criteo_serving.export_kte(s, p, jit=True),
+            ),
             ("keras_embedding_xla", criteo_serving.export_keras),
         ):
             export(w4, os.path.join(directory, name))

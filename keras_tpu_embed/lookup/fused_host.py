@@ -191,7 +191,9 @@ def outputs(
         tf.reshape(tf.stack([none, extra, none, none], 1), [count, 2, 2])
     )
     ends = tf.unstack(tf.reshape(batches, [count, 1]))
-    start = tf.zeros([1], tf.int64)
+    # Given, not defaulted: `tf.strided_slice` makes a `ones_like` op
+    # of its own for each call without strides.
+    start, step = tf.constant([0], tf.int64), tf.constant([1], tf.int64)
 
     def fused() -> dict[str, Tensor]:
         padded = [
@@ -202,7 +204,7 @@ def outputs(
         ]
         values, clear = _program(plan)(padded)
         served = {
-            column.name: tf.strided_slice(value, start, end)
+            column.name: tf.strided_slice(value, start, end, step)
             for column, value, end in zip(columns, values, ends)
         }
         return answer_or_fallback(clear, served, fallback)
