@@ -204,7 +204,7 @@ def outputs(
         ]
         values, clear = _program(plan)(padded)
         served = {
-            column.name: tf.strided_slice(value, start, end, step)
+            column.name: _cut(value, start, end, step)
             for column, value, end in zip(columns, values, ends)
         }
         return answer_or_fallback(clear, served, fallback)
@@ -215,6 +215,14 @@ def outputs(
         tf.reduce_all(tf.stack(fits)), fused, fallback
     )
     return chosen
+
+
+def _cut(value: Tensor, start: Tensor, end: Tensor, step: Tensor) -> Tensor:
+    """`value[:end]`, its static shape kept (the shape inference of a
+    strided slice of tensor bounds loses even the rank)."""
+    cut = tf.strided_slice(value, start, end, step)
+    cut.set_shape([None] + value.shape[1:])
+    return cut
 
 
 def answer_or_fallback(
