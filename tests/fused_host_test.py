@@ -72,6 +72,17 @@ def _serving(layer, features):
         ).get_concrete_function(specs)
 
 
+def _poison_the_per_column_path(monkeypatch):
+    """The per-column path returns NaN: equal answers mean it did not run."""
+    original = padded_host._device_part
+
+    def poisoned(*args, **kwargs):
+        device = original(*args, **kwargs)
+        return lambda *a: device(*a) + float("nan")
+
+    monkeypatch.setattr(padded_host, "_device_part", poisoned)
+
+
 def test_every_dense_column_serves_in_one_program(monkeypatch):
     layer = kte.TPUEmbeddingLayer(_columns())
     features = _features()
@@ -107,13 +118,7 @@ def test_one_program_answers_as_the_training_lookup(batch, monkeypatch):
     features = _features(batch, seed=batch)
     expected = layer(features, training=False)
 
-    # The per-column path returns NaN: equal answers mean it did not run.
-    def poisoned(*args, **kwargs):
-        device = original(*args, **kwargs)
-        return lambda *a: device(*a) + float("nan")
-
-    original = padded_host._device_part
-    monkeypatch.setattr(padded_host, "_device_part", poisoned)
+    _poison_the_per_column_path(monkeypatch)
     served = _serving(layer, features)(features)
     assert sorted(served) == sorted(expected)
     for name, want in expected.items():
@@ -220,12 +225,7 @@ def test_a_mostly_padded_batch_of_declared_width_stays_in_the_program(
     features = {"b": tf.constant(ids)}
     expected = layer(features, training=False)
 
-    def poisoned(*args, **kwargs):
-        device = original(*args, **kwargs)
-        return lambda *a: device(*a) + float("nan")
-
-    original = padded_host._device_part
-    monkeypatch.setattr(padded_host, "_device_part", poisoned)
+    _poison_the_per_column_path(monkeypatch)
     with layer.serving_lookups():
         serve = tf.function(lambda f: layer(f, training=False))
         served = serve.get_concrete_function(
@@ -281,12 +281,7 @@ def test_columns_of_other_batch_sizes_each_pad_their_own(monkeypatch):
     }
     expected = layer(features, training=False)
 
-    def poisoned(*args, **kwargs):
-        device = original(*args, **kwargs)
-        return lambda *a: device(*a) + float("nan")
-
-    original = padded_host._device_part
-    monkeypatch.setattr(padded_host, "_device_part", poisoned)
+    _poison_the_per_column_path(monkeypatch)
     served = _serving(layer, features)(features)
     for name, want in expected.items():
         assert served[name].shape == want.shape
