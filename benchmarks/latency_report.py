@@ -59,8 +59,40 @@ def targets(latency: dict[str, Any]) -> dict[str, Any]:
         for name, record in exported.items()
         if name.startswith("kte")
     }
+    if DEFAULT_EXPORT in exported:
+        out["cells"] = cell_targets(latency, exported)
     out["failed"] = failed
     return out
+
+
+DEFAULT_EXPORT = "kte_cpu"
+
+
+def cell_targets(
+    latency: dict[str, Any], exported: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The default export against the fastest peer of each cell, at p50 and
+    at p99 apart (the fastest peer at one need not be at the other)."""
+    peers = {n: r for n, r in exported.items() if not n.startswith("kte")}
+    cells = []
+    for batch in latency["batches"]:
+        for threads in latency["threads"]:
+            ours = _cell(exported[DEFAULT_EXPORT], batch, threads)
+            cell: dict[str, Any] = {"batch": batch, "threads": threads}
+            for quantile in ("p50_ms", "p99_ms"):
+                peer = min(
+                    peers,
+                    key=lambda n: _cell(peers[n], batch, threads)[quantile],
+                )
+                best = _cell(peers[peer], batch, threads)[quantile]
+                cell[quantile] = {
+                    "ours": ours[quantile],
+                    "peer": peer,
+                    "peer_ms": best,
+                    "met": ours[quantile] <= best,
+                }
+            cells.append(cell)
+    return cells
 
 
 def table(latency: dict[str, Any], quantization: dict[str, Any] | None) -> str:
@@ -143,6 +175,17 @@ def target_lines(goals: dict[str, Any]) -> list[str]:
         lines.append(
             f"int8 SavedModel / float32: {size['ratio']:.2f}x (target <= "
             f"{size['target']}): {'met' if size['met'] else 'NOT met'}"
+        )
+    for cell in goals.get("cells", []):
+        judged = [
+            f"{quantile[:3]} {c['ours']:.2f} ms vs {c['peer']} "
+            f"{c['peer_ms']:.2f}: {'met' if c['met'] else 'NOT met'}"
+            for quantile, c in ((q, cell[q]) for q in ("p50_ms", "p99_ms"))
+        ]
+        lines.append(
+            f"latency {DEFAULT_EXPORT} batch {cell['batch']}, "
+            f"{cell['threads']} thread(s) (target <= the fastest peer): "
+            + "; ".join(judged)
         )
     for name, ratios in goals.get("largest_batch", {}).items():
         paired = ", ".join(
