@@ -129,9 +129,12 @@ def export_saved_model(
     `lookup_device` for all): `"cpu"` for host lookups,
     `"tpu_tensor_core"` for the dense lookup compiled with XLA. Columns
     without a serving choice serve on the CPU. On the CPU a batch is padded
-    and looked up by one compiled gather and combiner per column, or, when
-    padding would cost more than it saves (one very long row), by sparse
-    ops; both give the same answer. Nothing is truncated on the CPU.
+    and looked up by one compiled gather and combiner per column (for
+    dense ids, one program for all of a layer's columns), or, when padding
+    would cost more than it saves (one very long row), by sparse ops; both
+    give the same answer. Dense ids of a declared width of at most 64 are
+    always gathered as sent, as a `keras.layers.Embedding` does. Nothing is
+    truncated on the CPU.
 
     `table_dtype` stores the exported tables as `"float32"` (as trained),
     `"bfloat16"` or `"int8"` (uint8 codes with a float32 scale and offset
