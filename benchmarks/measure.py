@@ -236,6 +236,15 @@ def process_main(
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-check", dest="check", action="store_false")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated candidates of the family (e.g. "
+        "kte_cpu_ragged): measured in this process alone, without the "
+        "anchor and bounds, for a peak RSS that no other candidate's freed "
+        "memory hides (TensorFlow's oneDNN CPU allocator keeps what it "
+        "frees, and the next build reuses it); no anchor, so no ratio",
+    )
     args = parser.parse_args()
     spec = workloads.workload(args.workload, quick=args.quick)
     batches = workloads.make_batches(spec)
@@ -244,7 +253,16 @@ def process_main(
         chosen = [c for group in groups.values() for c in group]
     else:
         chosen = groups[args.family]
-    if spec.name != "W3":
+    if args.only:
+        names = args.only.split(",")
+        unknown = sorted(set(names) - {c.name for c in chosen})
+        if unknown:
+            parser.error(
+                f"--only names {unknown}, not candidates of family "
+                f"{args.family!r}: choose from {[c.name for c in chosen]}"
+            )
+        chosen = [c for c in chosen if c.name in names]
+    elif spec.name != "W3":
         chosen = references(spec) + chosen
     # A peer repeated for pairing (role "peer") is measured once when its
     # own family runs in the same process ('all').
@@ -257,7 +275,8 @@ def process_main(
         args.rounds,
         args.steps,
         warmup=1 if args.quick else 3,
-        check=args.check,
+        # The output check compares with the anchor, absent with --only.
+        check=args.check and not args.only,
     )
     emit(
         {

@@ -286,6 +286,38 @@ def test_targets_pair_rounds_in_one_process():
     assert report._versus(ours, peer, 1.5, None)["met"]
 
 
+@pytest.mark.slow
+def test_only_measures_the_named_candidate_alone():
+    """Issue 28 (memory): in the shared process a candidate's peak RSS hid
+    what it shares with the candidates built before it (W2's dense host
+    path read 1.01x its state after the ragged one, 1.69x alone)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    script = os.path.join(ROOT, "benchmarks", "candidates.py")
+    common = ["--workload", "W2", "--family", "kte", "--quick"]
+    done = testing.run_python(
+        script,
+        *common,
+        "--rounds",
+        "1",
+        "--steps",
+        "1",
+        "--only",
+        "kte_cpu_ragged",
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = json.loads(done.stdout.strip().splitlines()[-1])["candidates"]
+    assert set(records) == {"kte_cpu_ragged"}
+    assert records["kte_cpu_ragged"]["peak_rss_added_bytes"] > 0
+    wrong = testing.run_python(
+        script, *common, "--only", "kte_cpu", cwd=ROOT, env=env, timeout=300
+    )
+    assert wrong.returncode != 0
+    assert "kte_cpu_ragged" in wrong.stderr and "'kte_cpu'" in wrong.stderr
+
+
 # ------------------------------------------------------------------- W4
 
 

@@ -2,12 +2,14 @@
 
 Measured here: a `[10^7, 64]` float32 table (2.5 GB) initialized with a
 truncated normal costs 5.1 GB of resident memory when the initializer runs
-in one piece, because its full-size intermediates stay in TensorFlow's CPU
-allocator. Filling the table a block of rows at a time keeps the overhead to
-one block. That is only sound for initializers whose values do not depend on
-the shape they are asked for and that draw fresh random numbers per call:
-the element-wise Keras distributions without a seed. Every other initializer
-runs in one piece.
+in one piece, because its full-size intermediates (the draw, `* stddev`,
+`+ mean`) stay in TensorFlow's CPU allocator. Filling the table a block of
+rows at a time keeps the overhead to one block. That is sound for the
+element-wise Keras distributions: with an integer seed (which Keras gives
+every one made without a seed) each block is drawn from its own Philox
+counter (`table_rows`), bit for bit the rows of the one-piece draw; with a
+`SeedGenerator` seed, or none, each call draws fresh numbers anyway. Every
+other initializer runs in one piece.
 
 Everything here runs eagerly, outside any graph being traced: a
 `tf.function` made per table is traced once per table and makes TensorFlow
@@ -35,8 +37,13 @@ from keras_tpu_embed.types import InitializerLike
 from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
 
-BLOCK_BYTES = 64 * 2**20
-"""Size of one block of rows filled at a time."""
+BLOCK_BYTES = 4 * 2**20
+"""Size of one block of rows filled at a time. TensorFlow's CPU allocator
+(with oneDNN on, the x86 default, a pool that never returns memory to the
+system) keeps the freed blocks but cannot put a later table in them: W2's
+tables and slots (1,001 MiB) took 1,275 MiB of resident memory to build
+with 64 MiB blocks, 1,087 MiB with 4 MiB blocks; a [10^6, 64] table took
+as long to fill either way (1.5-1.8 s on a loaded 2-core host)."""
 
 _ELEMENTWISE_RANDOM = (
     keras.initializers.TruncatedNormal,
@@ -49,14 +56,22 @@ _ELEMENTWISE_CONSTANT = (
 )
 
 
-def fills_by_blocks(initializer: InitializerLike) -> bool:
-    """Whether `initializer` may be applied one block of rows at a time."""
+def fills_by_blocks(
+    initializer: InitializerLike, dtype: Any = tf.float32
+) -> bool:
+    """Whether `initializer` may be applied one block of rows at a time.
+
+    True for constants, unseeded element-wise draws, and element-wise draws
+    with an integer seed in float32 (`_stateless_rows` reproduces their
+    rows); an integer seed in another dtype would draw the same numbers
+    for every block.
+    """
     if type(initializer) in _ELEMENTWISE_CONSTANT:
         return True
     return (
         type(initializer) in _ELEMENTWISE_RANDOM
         and getattr(initializer, "seed", None) is None
-    )
+    ) or _draws_statelessly(initializer, tf.as_dtype(dtype))
 
 
 def available_memory_bytes() -> int | None:
@@ -145,9 +160,17 @@ def fill_by_blocks(variable: Any, initializer: InitializerLike) -> None:
         target = variable.value if hasattr(variable, "value") else variable
         rows, dim = (int(d) for d in target.shape)
         block = max(1, BLOCK_BYTES // (max(dim, 1) * target.dtype.size))
+        stateless = _draws_statelessly(initializer, target.dtype)
         for start in range(0, rows, block):
             size = min(block, rows - start)
-            values = initializer((size, dim), dtype=target.dtype.name)
+            if stateless:
+                # Its rows of the one-piece draw: a seeded initializer
+                # called per block would repeat its first block.
+                values = _stateless_rows(
+                    initializer, dim, start, size, target.dtype
+                )
+            else:
+                values = initializer((size, dim), dtype=target.dtype.name)
             # A scatter writes in place; a sliced assign copied the table.
             target.scatter_update(
                 tf.IndexedSlices(values, tf.range(start, start + size))
