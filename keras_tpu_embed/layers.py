@@ -30,6 +30,7 @@ from keras_tpu_embed.export.quantization import check_table_dtype
 from keras_tpu_embed.export.quantization import quantized_copies
 from keras_tpu_embed.layer_config import layer_arguments
 from keras_tpu_embed.layer_config import layer_config
+from keras_tpu_embed.lookup import returned_checks
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
 from keras_tpu_embed.lookup.device_plan import DevicePlan
@@ -373,6 +374,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         values: dict[str, Tensor] = {}
         lengths: dict[str, Tensor] = {}
         for backend in self._backends():
+            returned_checks.note_lookup()
             answer = backend.activations(features, phase)
             values.update(answer.values)
             lengths.update(answer.lengths)

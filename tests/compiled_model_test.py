@@ -12,14 +12,20 @@ from keras_tpu_embed._compat import keras
 def _columns():
     ident = kte.categorical_column_with_identity
     return [
-        kte.embedding_column(ident("a", 20), 4),
-        kte.embedding_column(ident("b", 30), 4, combiner="sum"),
+        kte.embedding_column(ident("a", 20), 4, tensor_core_shape=[None, 1]),
+        kte.embedding_column(
+            ident("b", 30), 4, combiner="sum", tensor_core_shape=[None, 3]
+        ),
     ]
 
 
-def _dlrm_like(numeric=True):
-    """Two lookups, a numeric input, an MLP and a pairwise dot."""
-    inputs = kte.FeaturePreprocessor(_columns()).keras_inputs()
+def _dlrm_like(numeric=True, inputs=None):
+    """Two lookups, a numeric input, an MLP and a pairwise dot; on inputs
+    of declared widths unless given others."""
+    inputs = inputs or {
+        "a": keras.Input((1,), dtype="int64", name="a"),
+        "b": keras.Input((3,), dtype="int64", name="b"),
+    }
     if numeric:
         inputs["x"] = keras.Input((2,), name="x")
     lookups = kte.TPUEmbeddingLayer(_columns())
@@ -49,40 +55,92 @@ def _features(batch, seed=0):
 
 
 def _xla_programs(serve):
-    """Names of the XLA-compiled functions of a loaded signature, and the
-    op types of each."""
-    library = serve.graph.as_graph_def().library
+    """Per XLA-compiled function of a loaded signature, the op types it
+    runs, those of the functions it calls included."""
+    library = {
+        f.signature.name: f for f in serve.graph.as_graph_def().library.function
+    }
+
+    def reached(name, seen):
+        ops = set()
+        for node in library[name].node_def:
+            ops.add(node.op)
+            called = node.attr["f"].func.name if "f" in node.attr else ""
+            if called in library and called not in seen:
+                seen.add(called)
+                ops |= reached(called, seen)
+        return ops
+
     return {
-        f.signature.name: {node.op for node in f.node_def}
-        for f in library.function
+        name: reached(name, {name})
+        for name, f in library.items()
         if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b
     }
 
 
-@pytest.mark.parametrize("inputs", ["ids", "raw"])
-def test_the_model_past_its_lookups_is_one_program_with_the_same_answer(
-    tmp_path, inputs
-):
-    # Raw features come through the columns' preprocessor, which makes no
-    # numeric input.
-    model = _dlrm_like(numeric=inputs == "ids")
+def test_the_whole_model_is_one_program_with_the_same_answer(tmp_path):
+    model = _dlrm_like()
     kte.export_saved_model(
-        model, tmp_path, inputs=inputs, verbose=False, jit_compile=True
+        model, tmp_path, inputs="ids", verbose=False, jit_compile=True
     )
     serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
     for batch in (1, 5, 64):
         features = _features(batch, seed=batch)
-        if inputs == "raw":
-            del features["x"]
         want = model(features, training=False).numpy()
         got = serve(**features)["score"].numpy()
         np.testing.assert_allclose(got, want, atol=1e-5)
-    programs = _xla_programs(serve)
-    # One program holds every Dense layer, apart from the lookups' gather.
-    dense = [ops for ops in programs.values() if "MatMul" in ops]
+    # One program holds every Dense layer and the lookups' gathers.
+    dense = [ops for ops in _xla_programs(serve).values() if "MatMul" in ops]
+    assert len(dense) == 1
+    assert "ResourceGather" in dense[0]
+
+
+def test_raw_features_of_undeclared_width_keep_the_lookups_apart(tmp_path):
+    # Their padding is checked per batch, outside any program: the layers
+    # after the lookups are the one program.
+    raw = kte.FeaturePreprocessor(_columns()).keras_inputs()
+    model = _dlrm_like(numeric=False, inputs=raw)
+    kte.export_saved_model(model, tmp_path, verbose=False, jit_compile=True)
+    serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
+    features = _features(5)
+    del features["x"]
+    np.testing.assert_allclose(
+        serve(**features)["score"].numpy(),
+        model(features, training=False).numpy(),
+        atol=1e-5,
+    )
+    dense = [ops for ops in _xla_programs(serve).values() if "MatMul" in ops]
     assert len(dense) == 1
     assert "ResourceGather" not in dense[0]
-    assert any("ResourceGather" in ops for ops in programs.values())
+
+
+def test_lookups_that_keep_their_checks_run_apart_from_the_program(tmp_path):
+    # The tensor-core lookup asserts its ids in range, which XLA would
+    # drop: it runs outside the program of the layers after it.
+    model = _dlrm_like()
+    kte.export_saved_model(
+        model,
+        tmp_path,
+        inputs="ids",
+        lookup_device="tpu_tensor_core",
+        verbose=False,
+        jit_compile=True,
+    )
+    serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
+    features = _features(5)
+    np.testing.assert_allclose(
+        serve(**features)["score"].numpy(),
+        model(features, training=False).numpy(),
+        atol=1e-5,
+    )
+    dense = [ops for ops in _xla_programs(serve).values() if "MatMul" in ops]
+    assert len(dense) == 1
+    assert "ResourceGather" not in dense[0]
+    bad = dict(features, b=tf.constant([[1, 31, -1]] * 5, tf.int64))
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"Feature .{1,2}b.{1,2} \(table"
+    ):
+        serve(**bad)
 
 
 def test_the_lookups_still_check_their_ids(tmp_path):
@@ -95,9 +153,12 @@ def test_the_lookups_still_check_their_ids(tmp_path):
         tf.errors.InvalidArgumentError, match=r"Feature .{1,2}b.{1,2} \(table"
     ):
         serve(**bad)
+    # And answer again after a refused call.
+    good = _features(2)
+    assert np.isfinite(serve(**good)["score"].numpy()).all()
 
 
-class _Subclassed(keras.Model):
+class Subclassed(keras.Model):
     def __init__(self):
         super().__init__()
         self.lookups = kte.TPUEmbeddingLayer(_columns())
@@ -108,16 +169,18 @@ class _Subclassed(keras.Model):
         return self.score(keras.ops.concatenate(list(vectors.values()), 1))
 
 
-def test_a_subclassed_model_is_refused_naming_it(tmp_path):
-    model = _Subclassed()
-    model(_features(2))
-    with pytest.raises(ValueError, match="subclassed _Subclassed"):
-        kte.export_saved_model(
-            model, tmp_path, inputs="ids", verbose=False, jit_compile=True
-        )
+def test_a_subclassed_model_that_cannot_be_one_program_is_refused(tmp_path):
+    # Raw features are of undeclared width: the lookups stay apart, and a
+    # subclassed model cannot be cut at them.
+    model = Subclassed()
+    features = _features(2)
+    del features["x"]
+    model(features)
+    with pytest.raises(ValueError, match="subclassed Subclassed"):
+        kte.export_saved_model(model, tmp_path, verbose=False, jit_compile=True)
 
 
-def test_a_lookup_called_twice_is_refused_naming_it(tmp_path):
+def _called_twice():
     inputs = {
         "a": keras.Input((1,), dtype="int64", name="a"),
         "b": keras.Input((3,), dtype="int64", name="b"),
@@ -125,14 +188,34 @@ def test_a_lookup_called_twice_is_refused_naming_it(tmp_path):
     lookups = kte.TPUEmbeddingLayer(_columns(), output="concat", name="twice")
     again = {"a": inputs["a"], "b": keras.ops.flip(inputs["b"], 1)}
     merged = keras.layers.Add()([lookups(inputs), lookups(again)])
-    model = keras.Model(
+    return keras.Model(
         inputs, keras.layers.Dense(1)(merged), name="model_with_twice"
     )
-    with pytest.raises(
-        ValueError, match="model_with_twice.*called more than once"
-    ):
+
+
+def test_a_lookup_called_twice_is_one_program(tmp_path):
+    model = _called_twice()
+    features = _features(4)
+    del features["x"]
+    want = model(features, training=False).numpy()
+    kte.export_saved_model(
+        model, tmp_path, inputs="ids", verbose=False, jit_compile=True
+    )
+    serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
+    np.testing.assert_allclose(
+        list(serve(**features).values())[0].numpy(), want, atol=1e-5
+    )
+
+
+def test_a_lookup_called_twice_apart_from_the_program_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="model_with_twice.*more than once"):
         kte.export_saved_model(
-            model, tmp_path, inputs="ids", verbose=False, jit_compile=True
+            _called_twice(),
+            tmp_path,
+            inputs="ids",
+            lookup_device="tpu_tensor_core",
+            verbose=False,
+            jit_compile=True,
         )
 
 

@@ -1,22 +1,30 @@
-"""`export_saved_model(jit_compile=True)`: the model past its lookups as
-one XLA program.
+"""`export_saved_model(jit_compile=True)`: the model compiled with XLA,
+its lookups' checks kept.
 
 A served call spends most of its host time outside the lookups, in the
 model's own layers run op by op (the Criteo-shaped W4 of `benchmarks/`:
 87 TensorFlow ops per call, its DLRM interaction and MLP among them),
-where a peer compiled with XLA runs one program. The lookups cannot join
-that program: XLA drops assertions, and their id and weight checks must
-stand. So a functional model is cut at its embedding layers' outputs:
+where a peer compiled with XLA runs one program. XLA drops assertions, so
+the lookups' id and weight checks cannot simply be compiled in. Two ways:
 
-- the lookups, and any layers before them, run as they do without
-  `jit_compile` (the lookups' own compiled gather and checks);
-- every layer after them runs as one XLA program (`jit_compile=True`),
-  given the lookups' activations and the model's inputs.
+- **The whole model as one program**, when every lookup is the fused
+  host lookup of dense ids of declared widths (`lookup/fused_host.py`):
+  inside the program the lookups hand their checks over as flags
+  (`lookup/returned_checks.py`); outside it, one `If` returns the
+  program's answer when every flag is clear, else runs the model
+  uncompiled, whose lookups raise naming the feature. A W4 call is then
+  one program, one `If` and one shape check per input.
+- **Otherwise the model cut at its embedding layers' outputs** (a
+  functional model, each embedding layer called once by the model
+  itself): the lookups, and any layers before them, run as without
+  `jit_compile`, with their own compiled gather and checks; every layer
+  after them runs as one program, given the lookups' activations and the
+  model's inputs.
 
-XLA compiles that program once per batch size it serves, as Keras'
+XLA compiles a program once per batch size it serves, as Keras'
 `jit_compile` does: the first call at a new batch size waits for the
-compile. The batch is never padded to fewer sizes, since a layer that
-mixes rows would then answer from the padding.
+compile. The model's batch is never padded to fewer sizes, since a layer
+that mixes rows would then answer from the padding.
 """
 
 from __future__ import annotations
@@ -28,23 +36,76 @@ import numpy as np
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_fast_cond
 from keras_tpu_embed.layers_in_model import embedding_layers
+from keras_tpu_embed.lookup.returned_checks import returned_checks
 from keras_tpu_embed.types import Tensor
 
 
 def compiled_call(model: keras.Model) -> Callable[[Any], Any]:
-    """`model`'s serving call with every layer after the embedding layers
-    compiled as one XLA program (see module doc).
+    """`model`'s serving call compiled with XLA (see module doc): the whole
+    model as one program when every lookup hands its checks over
+    (`lookup/returned_checks.py`), else every layer after the embedding
+    layers as one program, the lookups run apart.
 
     Call it inside the export's serving mode (`serving.serving_lookups`),
-    with what the model takes.
+    with what the model takes, while tracing the serving function.
 
     Raises:
-        ValueError: a model that is not functional, or whose embedding
-            layers are not each called once by the model itself (nested
-            in another layer or model, or called twice); the message says
-            to export without `jit_compile`.
+        ValueError: (only where the whole model cannot be one program) a
+            model that is not functional, or whose embedding layers are
+            not each called once by the model itself (nested in another
+            layer or model, or called twice); the message says to export
+            without `jit_compile`.
     """
+    whole = _whole_program(model)
+
+    def call(features: Any) -> Any:
+        try:
+            outputs, clear = whole(features)
+        except _NotWhole:
+            return _split_call(model)(features)
+        # Outside the program: its answer when every check is clear, else
+        # the model uncompiled, whose lookups raise naming the feature.
+        chosen = tf_fast_cond(
+            clear,
+            lambda: tf.nest.flatten(outputs),
+            lambda: tf.nest.flatten(model(features, training=False)),
+        )
+        return tf.nest.pack_sequence_as(outputs, chosen)
+
+    return call
+
+
+class _NotWhole(Exception):
+    """A lookup traced in the whole program kept its checks to itself."""
+
+
+def _whole_program(model: keras.Model) -> Callable[[Any], Any]:
+    """The model and its lookups as one XLA program returning the model's
+    outputs and one flag: every lookup's checks clear. Traced on its first
+    call, which raises `_NotWhole` when some lookup cannot hand its checks
+    over (its checks would be dropped by XLA)."""
+
+    def program(features: Any) -> Any:
+        with returned_checks() as checks:
+            outputs = model(features, training=False)
+        if not checks.complete:
+            raise _NotWhole(checks.refused)
+        clear = tf.constant(True)
+        if checks.flags:
+            clear = tf.reduce_all(tf.stack(checks.flags))
+        return outputs, clear
+
+    compiled: Callable[[Any], Any] = tf.function(
+        program, jit_compile=True, autograph=False
+    )
+    return compiled
+
+
+def _split_call(model: keras.Model) -> Callable[[Any], Any]:
+    """Every layer after the embedding layers as one XLA program, the
+    lookups (and the layers before them) run as without `jit_compile`."""
     inputs = _functional_inputs(model)
     lookups = embedding_layers(model)
     if not lookups:

@@ -145,12 +145,15 @@ def export_saved_model(
     weighted sum of its rows' bounds over the combiner's normalizer. Only
     the quantized tables are saved; the model's own stay float32.
 
-    `jit_compile=True` runs every layer of a functional model after its
-    embedding layers as one XLA program (`export/compiled_model.py`); the
-    lookups, and the layers before them, run as without it, with every
-    check. XLA compiles that program once per batch size served (the first
-    call at a new size waits for it), and once at export, so that a model
-    XLA cannot compile fails here. For servers that batch to a few sizes.
+    `jit_compile=True` compiles the model with XLA, every check kept
+    (`export/compiled_model.py`): the whole model, lookups included, as
+    one program when every lookup serves dense ids of declared widths on
+    the CPU (their checks are returned from the program and acted on
+    outside it); otherwise every layer of a functional model after its
+    embedding layers, the lookups run apart as without it. XLA compiles
+    once per batch size served (the first call at a new size waits for
+    it), and once at export, so that a model XLA cannot compile fails
+    here. For servers that batch to a few sizes.
 
     Args:
         model: A Keras model whose inputs are the preprocessor's outputs
@@ -175,9 +178,10 @@ def export_saved_model(
             model with no embedding layer or with inputs its columns do not
             produce; a table with NaN or inf values quantized; a column on
             `tpu_embedding_core` with no serving choice; the tensor core for
-            a column without `tensor_core_shape`; with `jit_compile`, a
-            model that is not functional, an embedding layer nested in
-            another layer or called twice, or layers XLA cannot compile.
+            a column without `tensor_core_shape`; with `jit_compile`,
+            where the lookups cannot join the program, a model that is not
+            functional or an embedding layer nested in another layer or
+            called twice; layers XLA cannot compile.
 
     Example:
 

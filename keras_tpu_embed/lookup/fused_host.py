@@ -44,6 +44,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_fast_cond
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.lookup import dense_xla
+from keras_tpu_embed.lookup import returned_checks
 from keras_tpu_embed.lookup.padded_host import PADDING_LIMIT
 from keras_tpu_embed.lookup.padded_host import PaddedHostLookup
 from keras_tpu_embed.lookup.padded_host import bucket
@@ -211,6 +212,12 @@ def outputs(
 
     if not fits:
         return fused()
+    handed = returned_checks.active()
+    if handed is not None:
+        handed.refused.append(
+            "a dense input wider than ALWAYS_PADDED_WIDTH or of undeclared "
+            f"width, among {[c.name for c in columns]}"
+        )
     chosen: dict[str, Tensor] = tf.cond(
         tf.reduce_all(tf.stack(fits)), fused, fallback
     )
@@ -238,6 +245,10 @@ def answer_or_fallback(
     (hundreds of ops) as dead nodes, measured at about 0.1 us an op per
     call. Serving only: this cond is not differentiable.
     """
+    handed = returned_checks.active()
+    if handed is not None:  # the caller checks outside its XLA program
+        handed.flags.append(clear)
+        return served
     if tf.executing_eagerly():  # a layer called eagerly in serving mode
         return served if bool(clear) else fallback()
     names = sorted(served)
