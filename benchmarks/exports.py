@@ -140,8 +140,10 @@ def export_kte(
     path: str,
     device: str,
     table_dtype: str = "float32",
+    jit: bool = False,
 ) -> None:
-    """The package's layers in a Keras model, exported for serving."""
+    """The package's layers in a Keras model, exported for serving (with
+    `jit`, `jit_compile=True`: the whole model one XLA program)."""
     layers = models.kte_layers(spec, "tpu_tensor_core")
     inputs = {
         name: keras.Input(
@@ -160,6 +162,8 @@ def export_kte(
     if "inputs" in inspect.signature(kte.export_saved_model).parameters:
         # The model takes ids (dense, as the workload feeds them).
         extra.update(inputs="ids", verbose=False)
+    if jit:
+        extra["jit_compile"] = True
     kte.export_saved_model(model, path, lookup_device=device, **extra)
 
 
@@ -222,6 +226,7 @@ def exporters(quantized: tuple[str, ...]) -> dict[str, Any]:
     """Name -> `export(spec, values, path)`, this package's first."""
     out: dict[str, Any] = {
         "kte_cpu": lambda s, v, p: export_kte(s, v, p, "cpu"),
+        "kte_cpu_xla": lambda s, v, p: export_kte(s, v, p, "cpu", jit=True),
         "kte_tensor_core": lambda s, v, p: export_kte(
             s, v, p, "tpu_tensor_core"
         ),

@@ -59,25 +59,29 @@ def targets(latency: dict[str, Any]) -> dict[str, Any]:
         for name, record in exported.items()
         if name.startswith("kte")
     }
-    if DEFAULT_EXPORT in exported:
-        out["cells"] = cell_targets(latency, exported)
+    out["cells"] = {
+        name: cell_targets(latency, exported, name)
+        for name in JUDGED
+        if name in exported
+    }
     out["failed"] = failed
     return out
 
 
-DEFAULT_EXPORT = "kte_cpu"
+JUDGED = ("kte_cpu", "kte_cpu_xla")
+"""The default export, and the same with `jit_compile=True`."""
 
 
 def cell_targets(
-    latency: dict[str, Any], exported: dict[str, Any]
+    latency: dict[str, Any], exported: dict[str, Any], name: str
 ) -> list[dict[str, Any]]:
-    """The default export against the fastest peer of each cell, at p50 and
-    at p99 apart (the fastest peer at one need not be at the other)."""
+    """Export `name` against the fastest peer of each cell, at p50 and at
+    p99 apart (the fastest peer at one need not be at the other)."""
     peers = {n: r for n, r in exported.items() if not n.startswith("kte")}
     cells = []
     for batch in latency["batches"]:
         for threads in latency["threads"]:
-            ours = _cell(exported[DEFAULT_EXPORT], batch, threads)
+            ours = _cell(exported[name], batch, threads)
             cell: dict[str, Any] = {"batch": batch, "threads": threads}
             for quantile in ("p50_ms", "p99_ms"):
                 peer = min(
@@ -176,17 +180,18 @@ def target_lines(goals: dict[str, Any]) -> list[str]:
             f"int8 SavedModel / float32: {size['ratio']:.2f}x (target <= "
             f"{size['target']}): {'met' if size['met'] else 'NOT met'}"
         )
-    for cell in goals.get("cells", []):
-        judged = [
-            f"{quantile[:3]} {c['ours']:.2f} ms vs {c['peer']} "
-            f"{c['peer_ms']:.2f}: {'met' if c['met'] else 'NOT met'}"
-            for quantile, c in ((q, cell[q]) for q in ("p50_ms", "p99_ms"))
-        ]
-        lines.append(
-            f"latency {DEFAULT_EXPORT} batch {cell['batch']}, "
-            f"{cell['threads']} thread(s) (target <= the fastest peer): "
-            + "; ".join(judged)
-        )
+    for name, cells in goals.get("cells", {}).items():
+        for cell in cells:
+            judged = [
+                f"{quantile[:3]} {c['ours']:.2f} ms vs {c['peer']} "
+                f"{c['peer_ms']:.2f}: {'met' if c['met'] else 'NOT met'}"
+                for quantile, c in ((q, cell[q]) for q in ("p50_ms", "p99_ms"))
+            ]
+            lines.append(
+                f"latency {name} batch {cell['batch']}, "
+                f"{cell['threads']} thread(s) (target <= the fastest peer): "
+                + "; ".join(judged)
+            )
     for name, ratios in goals.get("largest_batch", {}).items():
         paired = ", ".join(
             f"{threads} thread(s) {_fmt(ratio, '.2f')}x"

@@ -25,6 +25,7 @@ SERVING = {"kte_cpu_serving", "kte_export_cpu"}
 QUANTIZED = ("bfloat16", "int8")
 EXPORTS = {
     "kte_cpu",
+    "kte_cpu_xla",
     "kte_tensor_core",
     "keras_embedding",
     "keras_embedding_xla",
