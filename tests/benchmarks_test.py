@@ -416,12 +416,13 @@ def test_w4_quick_run_reports_every_candidate_and_target(quick_run):
         assert _finite_positive(record["state_bytes"])
     assert set(result["serving"]) == {"1", "64"}  # quick batch is 256
     for cell in result["serving"].values():
-        assert _finite_positive(cell["x_peer"])
+        assert set(cell["x_peer"]) == {"kte_cpu", "kte_cpu_xla"}
+        assert all(_finite_positive(x) for x in cell["x_peer"].values())
     text = result["table"]
     assert text in stdout
     assert "W4 training:" in text and "(target >= 1.5)" in text
     assert "W4 RSS kte_cpu:" in text and "W4 RSS kte_tensor_core_xla:" in text
-    assert text.count("W4 serving batch") == 2
+    assert text.count("W4 serving batch") == 4  # 2 batches, 2 exports
     assert "met" in text.split("Targets")[1]
 
 

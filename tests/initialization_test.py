@@ -246,3 +246,17 @@ def test_checkpoint_initializer_on_pod_shards(tmp_path, hosts):
     shards = _shards(_engine_initializer(column), values.shape, hosts)
     assert len(shards) == hosts
     np.testing.assert_array_equal(np.concatenate(shards), values)
+
+
+def test_a_layer_first_built_inside_a_traced_function_fills_its_table():
+    # Seeded tables fill by blocks when built eagerly; built inside a
+    # trace, the first scatter met a variable without its buffer
+    # (InvalidArgumentError: params.shape [0]).
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("ids", 300), 4
+    )
+    traced = kte.TPUEmbeddingLayer([column], output="concat")
+    tf.function(lambda x: traced({"ids": x}))(tf.constant([[1]], tf.int64))
+    values = traced.table_variable("ids").numpy()
+    assert values.shape == (300, 4) and np.all(np.isfinite(values))
+    assert np.std(values) > 0

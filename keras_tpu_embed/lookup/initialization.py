@@ -133,6 +133,10 @@ def create_table(
         # In Keras' symbolic build the variable is only created after the
         # trace, by Keras, from the initializer it is given.
         and not keras_in_stateless_scope()
+        # A layer first built inside a `tf.function` trace: Keras hands back
+        # a variable whose buffer is not there yet ("params.shape [0]" at
+        # the first scatter), so it takes its initializer in one piece.
+        and tf.executing_eagerly()
     )
     variable = layer.add_weight(
         name=name,
