@@ -95,15 +95,10 @@ def test_the_whole_model_is_one_program_with_the_same_answer(tmp_path):
     assert "ResourceGather" in dense[0]
 
 
-def test_raw_features_of_undeclared_width_keep_the_lookups_apart(tmp_path):
-    # Their padding is checked per batch, outside any program: the layers
-    # after the lookups are the one program.
-    raw = kte.FeaturePreprocessor(_columns()).keras_inputs()
-    model = _dlrm_like(numeric=False, inputs=raw)
-    kte.export_saved_model(model, tmp_path, verbose=False, jit_compile=True)
-    serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
-    features = _features(5)
-    del features["x"]
+def _assert_lookups_apart(path, model, features):
+    """The export at `path` answers as `model`, with one program holding
+    the Dense layers and no gather: the lookups ran apart. Returns it."""
+    serve = tf.saved_model.load(str(path)).signatures["serving_default"]
     np.testing.assert_allclose(
         serve(**features)["score"].numpy(),
         model(features, training=False).numpy(),
@@ -112,6 +107,18 @@ def test_raw_features_of_undeclared_width_keep_the_lookups_apart(tmp_path):
     dense = [ops for ops in _xla_programs(serve).values() if "MatMul" in ops]
     assert len(dense) == 1
     assert "ResourceGather" not in dense[0]
+    return serve
+
+
+def test_raw_features_of_undeclared_width_keep_the_lookups_apart(tmp_path):
+    # Their padding is checked per batch, outside any program: the layers
+    # after the lookups are the one program.
+    raw = kte.FeaturePreprocessor(_columns()).keras_inputs()
+    model = _dlrm_like(numeric=False, inputs=raw)
+    kte.export_saved_model(model, tmp_path, verbose=False, jit_compile=True)
+    features = _features(5)
+    del features["x"]
+    _assert_lookups_apart(tmp_path, model, features)
 
 
 def test_lookups_that_keep_their_checks_run_apart_from_the_program(tmp_path):
@@ -126,16 +133,8 @@ def test_lookups_that_keep_their_checks_run_apart_from_the_program(tmp_path):
         verbose=False,
         jit_compile=True,
     )
-    serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
     features = _features(5)
-    np.testing.assert_allclose(
-        serve(**features)["score"].numpy(),
-        model(features, training=False).numpy(),
-        atol=1e-5,
-    )
-    dense = [ops for ops in _xla_programs(serve).values() if "MatMul" in ops]
-    assert len(dense) == 1
-    assert "ResourceGather" not in dense[0]
+    serve = _assert_lookups_apart(tmp_path, model, features)
     bad = dict(features, b=tf.constant([[1, 31, -1]] * 5, tf.int64))
     with pytest.raises(
         tf.errors.InvalidArgumentError, match=r"Feature .{1,2}b.{1,2} \(table"

@@ -174,3 +174,25 @@ def test_ids_export_refuses_a_model_input_of_rank_3(tmp_path):
         kte.export_saved_model(
             model, str(tmp_path / "e"), inputs="ids", verbose=False
         )
+
+
+class ByKey(keras.Model):
+    """Subclassed: reads its dict by key, declares no inputs."""
+
+    def __init__(self):
+        super().__init__()
+        column = kte.embedding_column(
+            kte.categorical_column_with_identity("item", 5), 2
+        )
+        self.lookups = kte.TPUEmbeddingLayer([column], output="concat")
+
+    def call(self, features):
+        return self.lookups(features)
+
+
+def test_ids_export_of_a_subclassed_model_is_refused_naming_it(tmp_path):
+    # It failed with AttributeError: no attribute 'inputs'.
+    model = ByKey()
+    model({"item": tf.constant([[1]], tf.int64)})
+    with pytest.raises(ValueError, match="ByKey 'by_key' is subclassed"):
+        kte.export_saved_model(model, tmp_path, inputs="ids", verbose=False)

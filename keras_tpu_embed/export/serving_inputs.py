@@ -176,7 +176,19 @@ def model_input_signature(model: keras.Model) -> dict[str, Any]:
     rank or width is refused by the signature itself, naming the input;
     with every shape known, no rank check or reshape runs per call, and the
     lookups see static widths.
+
+    Raises:
+        ValueError: a model that declares no inputs (subclassed); an input
+            of rank 3 or more.
     """
+    if not has_input_tensors(model):
+        raise ValueError(
+            "inputs='ids' exports the inputs a model declares, but "
+            f"{type(model).__name__} '{model.name}' is subclassed and "
+            "declares none. Export with inputs='raw' (the default: raw "
+            "features through the columns' preprocessor), or build the "
+            "model functionally: keras.Model(inputs, outputs)."
+        )
     specs = {}
     for name, tensor in model_input_specs(model).items():
         shape = tf.TensorShape(tensor.shape)
