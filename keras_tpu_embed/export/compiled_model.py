@@ -59,12 +59,17 @@ def compiled_call(model: keras.Model) -> Callable[[Any], Any]:
             without `jit_compile`.
     """
     whole = _whole_program(model)
+    # Built once for every signature that needs it (`serving_default` and
+    # `serve_examples` trace `call` each): one cut model, one program.
+    split: list[Callable[[Any], Any]] = []
 
     def call(features: Any) -> Any:
         try:
             outputs, clear = whole(features)
         except _NotWhole:
-            return _split_call(model)(features)
+            if not split:
+                split.append(_split_call(model))
+            return split[0](features)
         # Outside the program: its answer when every check is clear, else
         # the model uncompiled, whose lookups raise naming the feature.
         chosen = tf_fast_cond(
