@@ -59,6 +59,17 @@ class EmbeddingConfig:
             assertions, so in a jit-compiled step the update is only
             skipped. `"allow"`: the update is applied as computed. Applies
             to the tables the layer holds, not to the TPU embedding engine's.
+        max_ids_per_example: On SparseCore TPUs (v5p, v6e and later), the
+            most ids one example of a column holds, by column name. The
+            SparseCore engine holds each step's ids in buffers of a fixed
+            size, which the layer sizes at the first step from the
+            per-replica batch and each column's ids per example: the width
+            of dense or sparse ids, `max_sequence_length` for sequence
+            columns. Columns fed ragged ids (or sparse ids of unknown
+            width) must be given here; the first step raises naming them
+            otherwise. A value here wins over the width of the inputs, and
+            a step with more ids than it fails with TensorFlow's error. It
+            has no effect off SparseCore.
 
     Example:
 
@@ -79,6 +90,7 @@ class EmbeddingConfig:
     partition_strategy: str = "div"
     profile_data_directory: str | None = None
     non_finite_updates: str = "raise"
+    max_ids_per_example: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "optimizer", optimizers.get(self.optimizer))
@@ -110,6 +122,7 @@ class EmbeddingConfig:
                 f"of {NON_FINITE_UPDATE_MODES}. Received: "
                 f"non_finite_updates={self.non_finite_updates!r}"
             )
+        _check_max_ids_per_example(self.max_ids_per_example)
         for argument in ("feature_to_config_dict", "table_to_config_dict"):
             value = getattr(self, argument)
             if value is not None and not isinstance(value, dict):
@@ -141,6 +154,7 @@ class EmbeddingConfig:
             "partition_strategy": self.partition_strategy,
             "profile_data_directory": self.profile_data_directory,
             "non_finite_updates": self.non_finite_updates,
+            "max_ids_per_example": self.max_ids_per_example,
         }
 
     @classmethod
@@ -156,6 +170,22 @@ class EmbeddingConfig:
                 )
             )
         return cls(**config)
+
+
+def _check_max_ids_per_example(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or not all(
+        isinstance(name, str)
+        and isinstance(count, int)
+        and not isinstance(count, bool)
+        and count > 0
+        for name, count in value.items()
+    ):
+        raise ValueError(
+            "`max_ids_per_example` must be a dict of column name to a "
+            f"positive int, or None. Received: max_ids_per_example={value!r}"
+        )
 
 
 def as_config(config: EmbeddingConfig | None) -> EmbeddingConfig:

@@ -42,6 +42,7 @@ from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_registry import engine_for
 from keras_tpu_embed.lookup.local_tables import LocalTables
+from keras_tpu_embed.lookup.sparsecore_buffers import check_declared_columns
 from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import group_into_tables
 from keras_tpu_embed.preprocessing.layer_io import LayerInputs
@@ -141,6 +142,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         self._serving_plan: DevicePlan | None = None
         self.columns = to_embedding_columns(columns)
         self.config = as_config(config)
+        check_declared_columns(
+            f"{type(self).__name__} '{self.name}'", self.config, self.columns
+        )
         self.serving_lookup_device = parse_lookup_device(
             serving_lookup_device,
             "serving_lookup_device",

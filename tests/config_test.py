@@ -61,6 +61,22 @@ def test_tf_optimizers_are_converted():
             TypeError,
             "`table_to_config_dict` must be a dict or None",
         ),
+        (
+            dict(max_ids_per_example={"tags_embedding": 0}),
+            ValueError,
+            "`max_ids_per_example` must be a dict of column name to a "
+            "positive int",
+        ),
+        (
+            dict(max_ids_per_example={"tags_embedding": 2.5}),
+            ValueError,
+            "`max_ids_per_example` must be",
+        ),
+        (
+            dict(max_ids_per_example=[("tags_embedding", 3)]),
+            ValueError,
+            "`max_ids_per_example` must be",
+        ),
     ],
 )
 def test_invalid_arguments(arguments, error, message):
@@ -76,6 +92,7 @@ def test_round_trip_keeps_every_field():
         gradient_multiplier_fn=halving,
         partition_strategy="mod",
         profile_data_directory="/tmp/profiles",
+        max_ids_per_example={"tags_embedding": 5},
     )
     rebuilt = testing.assert_config_round_trip(config)
     assert rebuilt == config
@@ -86,3 +103,20 @@ def test_raw_tf_configs_cannot_be_serialized():
     config = kte.EmbeddingConfig(table_to_config_dict={"t": object()})
     with pytest.raises(ValueError, match="cannot be serialized"):
         config.get_config()
+
+
+def test_max_ids_per_example_names_columns_of_the_layer():
+    tags = kte.embedding_column(
+        kte.categorical_column_with_identity("tags", 10), 4
+    )
+    config = kte.EmbeddingConfig(max_ids_per_example={"tags": 5})
+    with pytest.raises(ValueError) as raised:
+        kte.TPUEmbeddingLayer([tags], config=config, name="embed")
+    assert str(raised.value) == (
+        "TPUEmbeddingLayer 'embed': EmbeddingConfig(max_ids_per_example=...) "
+        "names ['tags'], which are not columns of this layer. Its keys are "
+        "column names: ['tags_embedding']."
+    )
+    named = kte.EmbeddingConfig(max_ids_per_example={"tags_embedding": 5})
+    layer = kte.TPUEmbeddingLayer([tags], config=named)
+    assert layer.config.max_ids_per_example == {"tags_embedding": 5}

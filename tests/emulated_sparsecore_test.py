@@ -21,4 +21,5 @@ def test_emulated_sparsecore_suite_passes():
         "tests/emulated/sparsecore_training_test.py",
         "tests/emulated/sparsecore_checkpoint_test.py",
         "tests/emulated/sparsecore_keras_rs_test.py",
+        "tests/emulated/sparsecore_buffers_test.py",
     )

@@ -35,6 +35,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed._tf_private import wrap_sparsecore_preprocessing
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
+from keras_tpu_embed.lookup import sparsecore_buffers
 from keras_tpu_embed.lookup import sparsecore_layout
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
@@ -305,7 +306,9 @@ class SparseCoreEngine(SharedEngine):
         # is not known before.
         return None
 
-    def _mid_level_for(self, batch: int) -> Any:
+    def _mid_level_for(self, batch: int, inputs: dict[str, Tensor]) -> Any:
+        """The mid-level object, made at the first step: its buffers are
+        sized from that step's per-replica batch and input shapes."""
         if self._mid_level is not None:
             return self._mid_level
         embedding = tf.tpu.experimental.embedding
@@ -318,14 +321,23 @@ class SparseCoreEngine(SharedEngine):
             )
             for name, feature in self._feature_configs.items()
         }
+        strategy = tf.distribute.get_strategy()
         mid_level = tpu_hardware.mid_level_class(self.hardware)(
             feature_config=features,
             optimizer=self._optimizer,
             pipeline_execution_with_tensor_core=bool(self._pipeline),
             # Automatic stacking of tables of one width and optimizer; ids
             # over the static buffers raise rather than being dropped.
-            sparse_core_embedding_config=embedding.SparseCoreEmbeddingConfig(
-                disable_table_stacking=False, allow_id_dropping=False
+            sparse_core_embedding_config=sparsecore_buffers.buffer_sizes(
+                features,
+                inputs,
+                sparsecore_buffers.declared_ids(
+                    (member.config, member.features) for member in self._members
+                ),
+                replicas=strategy.num_replicas_in_sync,
+                sparse_cores_per_chip=tpu_hardware.sparse_cores_per_chip(
+                    strategy
+                ),
             ),
         )
         _truncate_sequences_in_preprocessing(mid_level)
@@ -367,7 +379,7 @@ class SparseCoreEngine(SharedEngine):
     ) -> list[Tensor]:
         """The V2 lookup inside the gradient trap; its backward pass calls
         `apply_gradients` with the lookup's preprocessed inputs."""
-        mid_level = self._mid_level_for(int(self._batch_size or 0))
+        mid_level = self._mid_level_for(int(self._batch_size or 0), features)
         preserved: dict[str, Any] = {}
 
         def lookup() -> list[Tensor]:

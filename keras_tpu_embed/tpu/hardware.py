@@ -47,6 +47,13 @@ def embedding_hardware(strategy: Any) -> EmbeddingHardware:
     return EmbeddingHardware.NO_ENGINE
 
 
+def sparse_cores_per_chip(strategy: Any) -> int:
+    """SparseCores per TPU chip, as `TPUEmbeddingV2` reads them: 4 when the
+    hardware feature does not say (`tpu_embedding_v3.py`)."""
+    hardware = strategy.extended.tpu_hardware_feature
+    return int(hardware.num_embedding_devices_per_chip) or 4
+
+
 def current_hardware() -> EmbeddingHardware:
     """`embedding_hardware` of the strategy in scope (or in `run`)."""
     return embedding_hardware(tf.distribute.get_strategy())
