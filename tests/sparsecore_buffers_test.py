@@ -86,7 +86,25 @@ def test_a_declared_bound_wins_over_the_width_and_tfs_floor_holds():
     # 2 samples of 3 ids per SparseCore: TF's 256 stays.
     assert small.max_ids_per_table == {"small": 256}
     assert small.max_unique_ids_per_table == {"small": 256}
+    assert small.max_ids_per_chip_per_sample == 64
     assert not small.allow_id_dropping
+
+
+def test_a_chip_holds_every_id_of_its_samples_with_tfs_alignment():
+    table = emb.TableConfig(4096, 4, name="wide")
+    config = sparsecore_buffers.buffer_sizes(
+        {"f": emb.FeatureConfig(table, name="f", output_shape=[32])},
+        {"f": tf.zeros([32, 80], tf.int64)},
+        {},
+        replicas=2,
+        sparse_cores_per_chip=4,
+    )
+    # 32 samples of 80 ids, plus up to 7 aligning slots for each of 4
+    # SparseCores times 8 destinations: 2560 + 224 ids over 32 samples is
+    # 87, rounded up to 8.
+    assert config.max_ids_per_chip_per_sample == 88
+    # And the per-SparseCore buffer: 8 samples of 80 ids.
+    assert config.max_ids_per_table == {"wide": 640}
 
 
 def test_ids_of_unknown_width_are_named():

@@ -21,6 +21,13 @@ ids, 1 for a sequence feature (fed one sample per position). Its distinct
 ids are also bounded by the rows one SparseCore holds of the stack. Neither
 is ever below TF's default, which is known to work on the chip.
 
+A third limit is per chip: `max_ids_per_chip_per_sample` (64) times a
+stack's samples bounds the ids a chip sends for the stack in one step
+(TF's `_get_csr_wrapped_coo_from_sorted_coo_tensor`). So the
+layer gives it the stack's ids per chip over its samples, counting the 8
+slots TF aligns each SparseCore's ids for each destination to, when that
+is over 64.
+
 Ragged ids have no static width: their columns must say their most ids per
 example in `EmbeddingConfig.max_ids_per_example`, or the first step says
 so, naming them.
@@ -42,7 +49,9 @@ from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup.sparsecore_layout import stacking_layouts
 from keras_tpu_embed.types import Tensor
 
-FeatureConfig = tf.tpu.experimental.embedding.FeatureConfig
+_EMBEDDING = tf.tpu.experimental.embedding
+_PAD = 8
+"""The host kernels' `xla_pad_size`: the CSR buffers' segments align to it."""
 
 
 def tf_default_buffer() -> int:
@@ -122,6 +131,8 @@ def buffer_sizes(
     )
     max_ids: dict[str, int] = {}
     rows_per_sparse_core: dict[str, int] = {}
+    chip_ids: dict[str, int] = {}
+    chip_samples: dict[str, int] = {}
     unbounded = []
     for name, feature in feature_configs.items():
         layout = layouts[feature.table.name]
@@ -132,7 +143,10 @@ def buffer_sizes(
         if width is None:
             unbounded.append(name)
             continue
-        per_core = math.ceil(_samples(feature) / sparse_cores_per_chip)
+        samples = _samples(feature)
+        chip_ids[stack] = chip_ids.get(stack, 0) + samples * width
+        chip_samples[stack] = chip_samples.get(stack, 0) + samples
+        per_core = math.ceil(samples / sparse_cores_per_chip)
         max_ids[stack] = max_ids.get(stack, 0) + per_core * width
         rows_per_sparse_core[stack] = layout.total_rows_per_sparse_core_shard
     if unbounded:
@@ -147,9 +161,23 @@ def buffer_sizes(
             "of a static width."
         )
     floor = tf_default_buffer()
+    # Each SparseCore's ids for each destination start on a multiple of
+    # `_PAD` slots, wasting up to `_PAD - 1` per pair.
+    padding = sparse_cores_per_chip**2 * replicas * (_PAD - 1)
+    per_sample = max(
+        [
+            math.ceil((chip_ids[s] + padding) / chip_samples[s] / _PAD) * _PAD
+            for s in chip_ids
+        ],
+        default=0,
+    )
     return tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig(
         disable_table_stacking=False,
         allow_id_dropping=False,
+        max_ids_per_chip_per_sample=max(
+            per_sample,
+            _EMBEDDING.SparseCoreEmbeddingConfig.max_ids_per_chip_per_sample,
+        ),
         max_ids_per_table={s: max(n, floor) for s, n in max_ids.items()},
         max_unique_ids_per_table={
             s: max(min(n, rows_per_sparse_core[s]), floor)

@@ -115,3 +115,36 @@ def test_a_declared_bound_below_the_data_fails_with_tfs_error():
             # the data sends.
             _fit(strategy, True, {"bag_embedding": 2})
     assert "max ids per sparse core is set to be 256" in str(raised.value)
+
+
+def _wide_fit(strategy, rows=128, width=80, vocab=256):
+    """Examples of 80 distinct ids: over TF's 64 ids per sample on a chip."""
+    keras.utils.set_random_seed(models.SEED)
+    rng = np.random.default_rng(1)
+    ids = np.stack([rng.permutation(vocab)[:width] for _ in range(rows)])
+    wide = kte.embedding_column(
+        kte.categorical_column_with_identity("wide", vocab), 4
+    )
+    with strategy.scope():
+        inputs = {"wide": keras.Input((None,), dtype="int64", sparse=True)}
+        embedded = kte.TPUEmbeddingLayer(
+            [wide],
+            config=kte.EmbeddingConfig(optimizer=kte.optimizers.SGD(0.1)),
+            name="embed",
+        )(inputs)
+        model = keras.Model(
+            inputs, keras.layers.Dense(1)(embedded["wide_embedding"])
+        )
+        model.compile(optimizer="sgd", loss="mse")
+    indices = np.stack(np.nonzero(np.ones_like(ids)), axis=1)
+    features = {"wide": tf.SparseTensor(indices, ids.reshape(-1), ids.shape)}
+    labels = rng.normal(size=(rows, 1)).astype(np.float32)
+    data = tf.data.Dataset.from_tensor_slices((features, labels))
+    model.fit(kte.distribute_dataset(strategy, data, 64), epochs=1, verbose=0)
+    return _tables(model)
+
+
+def test_examples_of_more_ids_than_tfs_per_sample_default_train():
+    with emulated_tpu(2, embedding_feature="V2") as strategy:
+        tables = _wide_fit(strategy)
+    models.assert_values_equal(tables, _wide_fit(tf.distribute.get_strategy()))
