@@ -222,6 +222,55 @@ def anchor_candidate(sparse: bool) -> Any:
     return build
 
 
+def dense_head_candidate() -> Any:
+    """The bound: `raw_xla`'s dense model alone, its 26 embeddings fixed
+    inputs (no lookup, no table update). No embedding path can make a
+    step faster than this, so the fastest anchor's time over it is the
+    most any of them can reach against that anchor."""
+
+    def build(spec: W.CriteoWorkload, batches: list, context: dict) -> Built:
+        names = spec.features()
+        head = _DlrmHead(spec.dim, len(names))
+        rng = np.random.default_rng(0)
+        data = [
+            (
+                [
+                    tf.constant(
+                        rng.normal(size=(spec.batch_size, spec.dim)).astype(
+                            np.float32
+                        )
+                    )
+                    for _ in names
+                ],
+                tf.constant(batch.numeric),
+                tf.constant(batch.labels),
+            )
+            for batch in batches
+        ]
+
+        @tf.function(jit_compile=True)
+        def forward_backward(
+            embeddings: list, numeric: Any, labels: Any
+        ) -> Any:
+            with tf.GradientTape() as tape:
+                loss = head.loss(numeric, embeddings, labels)
+            return loss, tape.gradient(loss, head.variables)
+
+        @tf.function(reduce_retracing=True)
+        def train(embeddings: list, numeric: Any, labels: Any) -> Any:
+            loss, gradients = forward_backward(embeddings, numeric, labels)
+            with tf.control_dependencies(head.apply(gradients)):
+                return tf.identity(loss)
+
+        def step(i: int) -> Any:
+            return train(*data[i % len(data)])
+
+        state = anchors.state_size([head.variables, head.accumulators])
+        return Built(step=step, state_bytes=state, form="dense")
+
+    return build
+
+
 def training_candidates() -> list[Candidate]:
     return [
         Candidate(
@@ -241,6 +290,12 @@ def training_candidates() -> list[Candidate]:
             "keras.layers.Embedding, Keras Adagrad, jit_compile",
             keras_candidate("keras_embedding_xla"),
             role="peer",
+        ),
+        Candidate(
+            "dense_head_xla",
+            "raw_xla's dense model alone (embeddings fixed): the bound",
+            dense_head_candidate(),
+            role="bound",
         ),
         Candidate("kte_cpu", "host path", keras_candidate("kte_cpu")),
         Candidate(

@@ -70,6 +70,12 @@ def report(result: dict[str, Any]) -> str:
     elif ours:
         # Each path on its own: the host path and the tensor-core path
         # serve different users, so one cannot stand in for the other.
+        bound = records.get("dense_head_xla")
+        ceiling = (
+            None
+            if bound is None or "error" in bound
+            else paired(records, "dense_head_xla", fastest)
+        )
         for name in ours:
             ratio = paired(records, name, fastest)
             targets.append(
@@ -77,6 +83,17 @@ def report(result: dict[str, Any]) -> str:
                 f"{ratio:.2f}x, paired per round (target >= "
                 f"{TRAINING_TARGET}): "
                 + ("met" if ratio >= TRAINING_TARGET else "NOT met")
+            )
+        if ceiling is not None:
+            targets.append(
+                f"W4 training bound: the dense model alone (dense_head_xla, "
+                f"no lookups, no table updates) is {ceiling:.2f}x {fastest}: "
+                "no embedding path can be faster against it"
+                + (
+                    f", so {TRAINING_TARGET}x is out of reach on this machine"
+                    if ceiling < TRAINING_TARGET
+                    else ""
+                )
             )
     for name in ours:
         record = records[name]

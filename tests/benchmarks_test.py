@@ -407,6 +407,7 @@ def test_w4_quick_run_reports_every_candidate_and_target(quick_run):
         "safe_lookup",
         "raw_xla",
         "keras_embedding_xla",
+        "dense_head_xla",
         "kte_cpu",
         "kte_tensor_core_xla",
     }
@@ -421,6 +422,7 @@ def test_w4_quick_run_reports_every_candidate_and_target(quick_run):
     text = result["table"]
     assert text in stdout
     assert "W4 training:" in text and "(target >= 1.5)" in text
+    assert "W4 training bound: the dense model alone" in text
     assert "W4 RSS kte_cpu:" in text and "W4 RSS kte_tensor_core_xla:" in text
     assert text.count("W4 serving batch") == 4  # 2 batches, 2 exports
     assert "met" in text.split("Targets")[1]

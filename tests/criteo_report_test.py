@@ -65,3 +65,21 @@ def test_rss_and_serving_targets_say_met_or_not_met():
     # Each export judged: p50 ahead and p99 behind is not met.
     assert serving["W4 serving batch 64: kte_cpu"].endswith(": NOT met")
     assert serving["W4 serving batch 64: kte_cpu_xla"].endswith(": met")
+
+
+def test_the_dense_model_alone_bounds_the_training_target():
+    """The dense model alone (no lookups) is 1.25x the fastest anchor: no
+    embedding path can reach 1.5x, and the report says so."""
+    result = _result()
+    result["training"]["dense_head_xla"] = _record("bound", [1.6, 1.6, 1.6])
+    targets = criteo_report.report(result).split("Targets")[1]
+    assert (
+        "W4 training bound: the dense model alone (dense_head_xla, no "
+        "lookups, no table updates) is 1.25x raw_xla: no embedding path can "
+        "be faster against it, so 1.5x is out of reach on this machine"
+    ) in targets
+    result["training"]["dense_head_xla"] = _record("bound", [1.0, 1.0, 1.0])
+    targets = criteo_report.report(result).split("Targets")[1]
+    assert "is 2.00x raw_xla: no embedding path can be faster against it\n" in (
+        targets + "\n"
+    )
