@@ -115,8 +115,23 @@ def test_max_ids_per_example_names_columns_of_the_layer():
     assert str(raised.value) == (
         "TPUEmbeddingLayer 'embed': EmbeddingConfig(max_ids_per_example=...) "
         "names ['tags'], which are not columns of this layer. Its keys are "
-        "column names: ['tags_embedding']."
+        "column names (or raw feature_to_config_dict names): "
+        "['tags_embedding']."
     )
     named = kte.EmbeddingConfig(max_ids_per_example={"tags_embedding": 5})
     layer = kte.TPUEmbeddingLayer([tags], config=named)
     assert layer.config.max_ids_per_example == {"tags_embedding": 5}
+
+
+def test_max_ids_per_example_may_name_a_raw_feature():
+    emb = tf.tpu.experimental.embedding
+    raw = emb.FeatureConfig(emb.TableConfig(10, 4, name="raw_table"))
+    tags = kte.embedding_column(
+        kte.categorical_column_with_identity("tags", 10), 4
+    )
+    config = kte.EmbeddingConfig(
+        feature_to_config_dict={"raw": raw},
+        max_ids_per_example={"raw": 3},
+    )
+    layer = kte.TPUEmbeddingLayer([tags], config=config)
+    assert layer.config.max_ids_per_example == {"raw": 3}

@@ -70,13 +70,16 @@ def check_declared_columns(
     """Raises if `config.max_ids_per_example` names a column the layer
     does not have: its bound would size nothing."""
     declared = config.max_ids_per_example or {}
+    # Raw `feature_to_config_dict` features are fed by their own names.
     names = {column.name for column in columns}
+    names |= set(config.feature_to_config_dict or {})
     unknown = sorted(set(declared) - names)
     if unknown:
         raise ValueError(
             f"{layer_description}: EmbeddingConfig(max_ids_per_example=...) "
             f"names {unknown}, which are not columns of this layer. Its "
-            f"keys are column names: {sorted(names)}."
+            f"keys are column names (or raw feature_to_config_dict "
+            f"names): {sorted(names)}."
         )
 
 
