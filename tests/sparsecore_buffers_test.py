@@ -62,6 +62,18 @@ def _sizes(declared=None, **inputs):
     return config.max_ids_per_table, config.max_unique_ids_per_table
 
 
+def _one_feature(table, shape):
+    """The config for one feature of `shape` ids (per replica) on 2 chips
+    of 4 SparseCores."""
+    return sparsecore_buffers.buffer_sizes(
+        {"f": emb.FeatureConfig(table, name="f", output_shape=shape[:1])},
+        {"f": tf.zeros(shape, tf.int64)},
+        {},
+        replicas=2,
+        sparse_cores_per_chip=4,
+    )
+
+
 def test_each_stack_holds_every_id_of_a_sparse_cores_share():
     max_ids, unique = _sizes()
     # 128 samples per SparseCore: item 1 id, hist 20 positions of 1 id,
@@ -75,14 +87,7 @@ def test_each_stack_holds_every_id_of_a_sparse_cores_share():
 def test_a_declared_bound_wins_over_the_width_and_tfs_floor_holds():
     max_ids, _ = _sizes({"genres": 1, "tags": 1}, tags=_inputs(50)["tags"])
     assert max_ids == {"genres_items_tags": 128 * (1 + 20 + 1 + 1)}
-    table = emb.TableConfig(10, 2, name="small")
-    small = sparsecore_buffers.buffer_sizes(
-        {"f": emb.FeatureConfig(table, name="f", output_shape=[8])},
-        {"f": tf.zeros([8, 3], tf.int64)},
-        {},
-        replicas=2,
-        sparse_cores_per_chip=4,
-    )
+    small = _one_feature(emb.TableConfig(10, 2, name="small"), [8, 3])
     # 2 samples of 3 ids per SparseCore: TF's 256 stays.
     assert small.max_ids_per_table == {"small": 256}
     assert small.max_unique_ids_per_table == {"small": 256}
@@ -91,14 +96,7 @@ def test_a_declared_bound_wins_over_the_width_and_tfs_floor_holds():
 
 
 def test_a_chip_holds_every_id_of_its_samples_with_tfs_alignment():
-    table = emb.TableConfig(4096, 4, name="wide")
-    config = sparsecore_buffers.buffer_sizes(
-        {"f": emb.FeatureConfig(table, name="f", output_shape=[32])},
-        {"f": tf.zeros([32, 80], tf.int64)},
-        {},
-        replicas=2,
-        sparse_cores_per_chip=4,
-    )
+    config = _one_feature(emb.TableConfig(4096, 4, name="wide"), [32, 80])
     # 32 samples of 80 ids, plus up to 7 aligning slots for each of 4
     # SparseCores times 8 destinations: 2560 + 224 ids over 32 samples is
     # 87, rounded up to 8.
