@@ -50,7 +50,10 @@ class EmbeddingConfig:
         partition_strategy: `"div"` or `"mod"`: how table rows are sharded
             over TPU hosts.
         profile_data_directory: Where `kte.profile_lookups(dataset, layer)`
-            writes (and later reuses) per-table lookup statistics.
+            writes (and later reuses) per-table lookup statistics. On
+            SparseCore TPUs, a column fed ragged ids (no width before the
+            step) and not in `max_ids_per_example` sizes its buffers from
+            its profile's `max_ids_per_example` here.
         non_finite_updates: What an embedding update does when a table's
             gradient holds NaN or inf, which would make every touched row
             NaN while the loss may stay finite. `"raise"` (default): the
@@ -66,7 +69,8 @@ class EmbeddingConfig:
             per-replica batch and each column's ids per example: the width
             of dense or sparse ids, `max_sequence_length` for sequence
             columns. Columns fed ragged ids (or sparse ids of unknown
-            width) must be given here; the first step raises naming them
+            width) must be given here or profiled
+            (`profile_data_directory`); the first step raises naming them
             otherwise. A value here wins over the width of the inputs, and
             a step with more ids than it fails with TensorFlow's error. It
             has no effect off SparseCore.

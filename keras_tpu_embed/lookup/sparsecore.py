@@ -338,6 +338,13 @@ class SparseCoreEngine(SharedEngine):
                 sparse_cores_per_chip=tpu_hardware.sparse_cores_per_chip(
                     strategy
                 ),
+                profiled=sparsecore_buffers.profiled_ids(
+                    [
+                        (member.config, member.features)
+                        for member in self._members
+                    ],
+                    features,
+                ),
             ),
         )
         _truncate_sequences_in_preprocessing(mid_level)

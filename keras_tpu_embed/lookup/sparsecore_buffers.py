@@ -29,8 +29,10 @@ slots TF aligns each SparseCore's ids for each destination to, when that
 is over 64.
 
 Ragged ids have no static width: their columns must say their most ids per
-example in `EmbeddingConfig.max_ids_per_example`, or the first step says
-so, naming them.
+example in `EmbeddingConfig.max_ids_per_example`, or have it in a profile
+of `kte.profile_lookups` in `EmbeddingConfig.profile_data_directory` (a
+maximum over sampled batches, as TF's own statistics are), or the first
+step says so, naming them.
 
 These are bounds, not measurements: how large a buffer the chip's memory
 takes has not been tried on a TPU (none is available here).
@@ -47,6 +49,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup.sparsecore_layout import stacking_layouts
+from keras_tpu_embed.tpu.profile_files import profiled_max_ids
 from keras_tpu_embed.types import Tensor
 
 _EMBEDDING = tf.tpu.experimental.embedding
@@ -112,6 +115,7 @@ def buffer_sizes(
     declared: Mapping[str, int],
     replicas: int,
     sparse_cores_per_chip: int,
+    profiled: Mapping[str, int] | None = None,
 ) -> tf.tpu.experimental.embedding.SparseCoreEmbeddingConfig:
     """The SparseCore config whose buffers hold any step of these shapes.
 
@@ -124,6 +128,9 @@ def buffer_sizes(
             static width.
         replicas: TPU chips in the strategy.
         sparse_cores_per_chip: From the TPU's hardware feature.
+        profiled: Most ids per example seen by `kte.profile_lookups`, by
+            feature name; read only where neither `declared` nor the
+            input's shape says.
 
     Raises:
         ValueError: a feature whose ids per example neither its shape nor
@@ -144,6 +151,8 @@ def buffer_sizes(
         if width is None:
             width = ids_per_sample(inputs[name], feature)
         if width is None:
+            width = (profiled or {}).get(name)
+        if width is None:
             unbounded.append(name)
             continue
         samples = _samples(feature)
@@ -160,8 +169,9 @@ def buffer_sizes(
             "or sparse ids of unknown width). Give it: "
             "EmbeddingConfig(max_ids_per_example={"
             + ", ".join(f"{name!r}: ..." for name in sorted(unbounded))
-            + "}), or feed them dense [batch, n] (padded with -1) or sparse "
-            "of a static width."
+            + "}), or profile them with kte.profile_lookups(dataset, layer) "
+            "into EmbeddingConfig(profile_data_directory=...), or feed them "
+            "dense [batch, n] (padded with -1) or sparse of a static width."
         )
     floor = tf_default_buffer()
     # Each SparseCore's ids for each destination start on a multiple of
@@ -187,6 +197,26 @@ def buffer_sizes(
             for s, n in max_ids.items()
         },
     )
+
+
+def profiled_ids(
+    configs: Iterable[tuple[EmbeddingConfig, Iterable[str]]],
+    feature_configs: Mapping[str, tf.tpu.experimental.embedding.FeatureConfig],
+) -> dict[str, int]:
+    """`max_ids_per_example` from the profiles in each layer's
+    `profile_data_directory`, by column name."""
+    profiled: dict[str, int] = {}
+    for config, names in configs:
+        directory = config.profile_data_directory
+        if not directory:
+            continue
+        for name in names:
+            if name in feature_configs:
+                table = feature_configs[name].table.name
+                found = profiled_max_ids(directory, table).get(name)
+                if found is not None:
+                    profiled[name] = found
+    return profiled
 
 
 def declared_ids(

@@ -3,7 +3,10 @@
 TPUEstimator's `profile_data_directory` kept statistics of how many ids each
 feature looks up, which the TPU engine uses to size its buffers. This module
 computes them from a few batches of preprocessed input and keeps one small
-JSON file per table; an existing file is reused rather than recomputed.
+JSON file per table (`profile_files.py`); an existing file is reused rather
+than recomputed. On SparseCore TPUs, a layer whose `EmbeddingConfig` names
+the directory sizes the buffers of columns fed ragged ids from their
+`max_ids_per_example` there.
 
 For each table: per feature the average and maximum number of ids per
 example, and how the table's ids spread over `num_shards` shards under the
@@ -28,13 +31,7 @@ from keras_tpu_embed.config import SUPPORTED_PARTITION_STRATEGIES
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.lookup.tables import group_into_tables
 from keras_tpu_embed.preprocessing.ids import to_id_batch
-
-PROFILE_SUFFIX = ".lookup_profile.json"
-
-
-def profile_path(directory: str, table_name: str) -> str:
-    """Where the profile of `table_name` lives in `directory`."""
-    return os.path.join(directory, table_name + PROFILE_SUFFIX)
+from keras_tpu_embed.tpu.profile_files import profile_path
 
 
 def shard_of(

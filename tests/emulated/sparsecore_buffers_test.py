@@ -23,7 +23,7 @@ WIDTH = 4
 VOCAB = 32
 
 
-def _build(ragged=False, max_ids_per_example=None):
+def _build(ragged=False, **config):
     bag = kte.embedding_column(
         kte.categorical_column_with_identity("bag", VOCAB), 4, combiner="sum"
     )
@@ -32,12 +32,9 @@ def _build(ragged=False, max_ids_per_example=None):
             (None,), dtype="int64", name="bag", ragged=ragged, sparse=not ragged
         )
     }
-    bound = (
-        {}
-        if max_ids_per_example is None
-        else {"max_ids_per_example": max_ids_per_example}
+    config = kte.EmbeddingConfig(
+        optimizer=kte.optimizers.Adagrad(0.1), **config
     )
-    config = kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1), **bound)
     embedded = kte.TPUEmbeddingLayer([bag], config=config, name="embed")(inputs)
     output = keras.layers.Dense(1, name="head")(embedded["bag_embedding"])
     model = keras.Model(inputs, output)
@@ -63,10 +60,10 @@ def _dataset(ragged=False):
     )
 
 
-def _fit(strategy, ragged=False, max_ids_per_example=None):
+def _fit(strategy, ragged=False, **config):
     keras.utils.set_random_seed(models.SEED)
     with strategy.scope():
-        model = _build(ragged, max_ids_per_example)
+        model = _build(ragged, **config)
     batches = kte.distribute_dataset(strategy, _dataset(ragged), GLOBAL_BATCH)
     model.fit(batches, epochs=1, verbose=0, shuffle=False)
     return model
@@ -102,7 +99,27 @@ def test_ragged_ids_are_named_at_the_first_step_then_bounded_as_declared():
         assert "['bag_embedding']" in message
         assert "max_ids_per_example={'bag_embedding': ...}" in message
     with emulated_tpu(2, embedding_feature="V2") as strategy:
-        model = _fit(strategy, True, {"bag_embedding": WIDTH})
+        model = _fit(
+            strategy, True, max_ids_per_example={"bag_embedding": WIDTH}
+        )
+        tables = _tables(model)
+    reference = _fit(tf.distribute.get_strategy(), True)
+    models.assert_values_equal(tables, _tables(reference))
+
+
+def test_ragged_ids_are_bounded_by_their_lookup_profile(tmp_path):
+    """TPUEstimator's `profile_data_directory`, kept: `kte.profile_lookups`
+    writes each column's most ids per example there, and the SparseCore
+    buffers are sized from it."""
+    profiles = str(tmp_path)
+    stats = kte.profile_lookups(
+        _dataset(ragged=True).map(lambda f, y: f).ragged_batch(GLOBAL_BATCH),
+        _build(ragged=True).get_layer("embed").columns,
+        profiles,
+    )
+    assert stats["bag"]["features"]["bag"]["max_ids_per_example"] == WIDTH
+    with emulated_tpu(2, embedding_feature="V2") as strategy:
+        model = _fit(strategy, True, profile_data_directory=profiles)
         tables = _tables(model)
     reference = _fit(tf.distribute.get_strategy(), True)
     models.assert_values_equal(tables, _tables(reference))
@@ -113,7 +130,7 @@ def test_a_declared_bound_below_the_data_fails_with_tfs_error():
         with pytest.raises(tf.errors.InvalidArgumentError) as raised:
             # 128 samples times 2 ids is 256: TF's floor, under the 512
             # the data sends.
-            _fit(strategy, True, {"bag_embedding": 2})
+            _fit(strategy, True, max_ids_per_example={"bag_embedding": 2})
     assert "max ids per sparse core is set to be 256" in str(raised.value)
 
 
