@@ -107,10 +107,12 @@ class SharedEngine(EngineStep):
             raise RuntimeError(
                 f"Layer '{layer_name}' is built after the "
                 "TPU embedding engine of this TPUStrategy ran its first step "
-                f"(for the layers {self.layer_names}). A TPU system has one "
+                f"(for the layers {self.layer_names}), or tried to: a first "
+                "step that raised counts too. A TPU system has one "
                 "embedding engine, fed once per step: build every embedding "
                 "layer of the model before training, and train one model "
-                "with embedding layers per TPUStrategy."
+                "with embedding layers per TPUStrategy (after a failed first "
+                "step, build the fixed model under a new TPUStrategy)."
             )
         if (
             self._pipeline is not None

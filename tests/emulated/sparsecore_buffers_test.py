@@ -98,6 +98,13 @@ def test_ragged_ids_are_named_at_the_first_step_then_bounded_as_declared():
         message = str(raised.value)
         assert "['bag_embedding']" in message
         assert "max_ids_per_example={'bag_embedding': ...}" in message
+        # The fixed model cannot join this strategy's engine, and the error
+        # says why and what to do, though no step ran.
+        with pytest.raises(RuntimeError) as rebuilt:
+            with strategy.scope():
+                _build(True, max_ids_per_example={"bag_embedding": WIDTH})
+        assert "a first step that raised counts too" in str(rebuilt.value)
+        assert "under a new TPUStrategy" in str(rebuilt.value)
     with emulated_tpu(2, embedding_feature="V2") as strategy:
         model = _fit(
             strategy, True, max_ids_per_example={"bag_embedding": WIDTH}
