@@ -34,8 +34,9 @@ of `kte.profile_lookups` in `EmbeddingConfig.profile_data_directory` (a
 maximum over sampled batches, as TF's own statistics are), or the first
 step says so, naming them.
 
-These are bounds, not measurements: how large a buffer the chip's memory
-takes has not been tried on a TPU (none is available here).
+Apart from a profile's maximum, these are worst-case bounds, not
+measurements: how large a buffer the chip's memory takes has not been
+tried on a TPU (none is available here).
 """
 
 from __future__ import annotations
