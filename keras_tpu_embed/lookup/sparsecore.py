@@ -322,6 +322,8 @@ class SparseCoreEngine(SharedEngine):
             for name, feature in self._feature_configs.items()
         }
         strategy = tf.distribute.get_strategy()
+        # Each layer's bounds, for the columns it holds.
+        configs = [(m.config, list(m.features)) for m in self._members]
         mid_level = tpu_hardware.mid_level_class(self.hardware)(
             feature_config=features,
             optimizer=self._optimizer,
@@ -331,20 +333,12 @@ class SparseCoreEngine(SharedEngine):
             sparse_core_embedding_config=sparsecore_buffers.buffer_sizes(
                 features,
                 inputs,
-                sparsecore_buffers.declared_ids(
-                    (member.config, member.features) for member in self._members
-                ),
+                sparsecore_buffers.declared_ids(configs),
                 replicas=strategy.num_replicas_in_sync,
                 sparse_cores_per_chip=tpu_hardware.sparse_cores_per_chip(
                     strategy
                 ),
-                profiled=sparsecore_buffers.profiled_ids(
-                    [
-                        (member.config, member.features)
-                        for member in self._members
-                    ],
-                    features,
-                ),
+                profiled=sparsecore_buffers.profiled_ids(configs, features),
             ),
         )
         _truncate_sequences_in_preprocessing(mid_level)

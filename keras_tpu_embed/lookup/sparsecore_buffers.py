@@ -205,18 +205,19 @@ def profiled_ids(
     feature_configs: Mapping[str, tf.tpu.experimental.embedding.FeatureConfig],
 ) -> dict[str, int]:
     """`max_ids_per_example` from the profiles in each layer's
-    `profile_data_directory`, by column name."""
+    `profile_data_directory`, by column name (each table's file read
+    once)."""
     profiled: dict[str, int] = {}
     for config, names in configs:
         directory = config.profile_data_directory
         if not directory:
             continue
-        for name in names:
-            if name in feature_configs:
-                table = feature_configs[name].table.name
-                found = profiled_max_ids(directory, table).get(name)
-                if found is not None:
-                    profiled[name] = found
+        tables = {
+            feature_configs[n].table.name for n in names if n in feature_configs
+        }
+        for table in sorted(tables):
+            found = profiled_max_ids(directory, table)
+            profiled.update({n: found[n] for n in names if n in found})
     return profiled
 
 
@@ -227,7 +228,6 @@ def declared_ids(
     (each column is in one layer)."""
     declared: dict[str, int] = {}
     for config, names in configs:
-        for name, value in (config.max_ids_per_example or {}).items():
-            if name in set(names):
-                declared[name] = value
+        bounds = config.max_ids_per_example or {}
+        declared.update({n: bounds[n] for n in names if n in bounds})
     return declared
