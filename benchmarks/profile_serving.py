@@ -2,7 +2,7 @@
 
 Writes W1's `kte_cpu` export (`exports.py`: `export_saved_model` of the
 package's layers, `lookup_device="cpu"`, float32) and the fastest peer's,
-`keras_embedding_xla` (for W4 also `kte_cpu_xla`, with `jit_compile=True`),
+`keras_embedding_xla`, and `kte_cpu_xla` (`jit_compile=True`),
 loads each with `tf.saved_model.load`, and at each
 batch size calls `serving_default` on W1's dense ids:
 
@@ -44,7 +44,7 @@ from benchmarks import criteo_serving  # noqa: E402
 from benchmarks import exports  # noqa: E402
 from benchmarks import workloads  # noqa: E402
 
-EXPORTS = ("kte_cpu", "keras_embedding_xla")
+EXPORTS = ("kte_cpu", "kte_cpu_xla", "keras_embedding_xla")
 
 
 def _xspace(directory: str) -> Any:

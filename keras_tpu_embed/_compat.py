@@ -119,6 +119,16 @@ def nested_layers(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
     return list(layer._flatten_layers(include_self=False))
 
 
+def keras_call_as_in_model(
+    layer: keras.layers.Layer, values: dict[int, Any], **kwargs: Any
+) -> Any:
+    """Calls `layer` as a functional model first called it, each of its
+    symbolic inputs replaced by `values[id(symbolic input)]`, with
+    `kwargs` added (Keras keeps a call's arguments private, in its node)."""
+    args, given = layer._inbound_nodes[0].arguments.fill_in(values)
+    return layer(*args, **{**given, **kwargs})
+
+
 def caller_stacklevel() -> int:
     """The `stacklevel` of a warning raised by the caller of this function
     that points at the first frame outside this package, Keras and
@@ -171,6 +181,7 @@ __all__ = [
     "keras_in_symbolic_scope",
     "keras_random_seed",
     "nested_layers",
+    "keras_call_as_in_model",
     "print_msg",
     "tf_tpu_feature_column_v2",
 ]

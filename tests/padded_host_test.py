@@ -242,3 +242,11 @@ def test_mostly_padded_dense_ids_are_compacted(monkeypatch, weighted):
     np.testing.assert_allclose(served.numpy(), expected.numpy(), atol=1e-6)
     # The branch that ran padded to a few ids per example, not 2048.
     assert 0 < int(widest.numpy()) <= 4
+
+
+def test_bucket_is_the_next_power_of_two():
+    sizes = [0, 1, 2, 3, 4, 5, 63, 64, 65, 1000, 4096, 4097, 2**40 + 1]
+    want = [1, 1, 2, 4, 4, 8, 64, 64, 128, 1024, 4096, 8192, 2**41]
+    assert padded_host.bucket(tf.constant(sizes)).numpy().tolist() == want
+    assert int(padded_host.bucket(tf.constant(5, tf.int64))) == 8
+    assert padded_host.bucket(tf.constant(5)).shape == []

@@ -37,6 +37,7 @@ import numpy as np
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_fast_cond
+from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.lookup.returned_checks import returned_checks
 from keras_tpu_embed.types import Tensor
@@ -58,7 +59,7 @@ def compiled_call(model: keras.Model) -> Callable[[Any], Any]:
             layer or model, or called twice); the message says to export
             without `jit_compile`.
     """
-    whole = _whole_program(model)
+    whole = checked_program(lambda features: model(features, training=False))
     # Built once for every signature that needs it (`serving_default` and
     # `serve_examples` trace `call` each): one cut model, one program.
     split: list[Callable[[Any], Any]] = []
@@ -66,7 +67,7 @@ def compiled_call(model: keras.Model) -> Callable[[Any], Any]:
     def call(features: Any) -> Any:
         try:
             outputs, clear = whole(features)
-        except _NotWhole:
+        except NotWhole:
             if not split:
                 split.append(_split_call(model))
             return split[0](features)
@@ -82,21 +83,21 @@ def compiled_call(model: keras.Model) -> Callable[[Any], Any]:
     return call
 
 
-class _NotWhole(Exception):
-    """A lookup traced in the whole program kept its checks to itself."""
+class NotWhole(Exception):
+    """A lookup traced in a checked program kept its checks to itself."""
 
 
-def _whole_program(model: keras.Model) -> Callable[[Any], Any]:
-    """The model and its lookups as one XLA program returning the model's
-    outputs and one flag: every lookup's checks clear. Traced on its first
-    call, which raises `_NotWhole` when some lookup cannot hand its checks
-    over (its checks would be dropped by XLA)."""
+def checked_program(function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`function` (a call of layers with lookups in it) as one XLA program
+    returning its outputs and one flag: every lookup's checks clear.
+    Traced on its first call, which raises `NotWhole` when some lookup
+    cannot hand its checks over (its checks would be dropped by XLA)."""
 
     def program(features: Any) -> Any:
         with returned_checks() as checks:
-            outputs = model(features, training=False)
+            outputs = function(features)
         if not checks.complete:
-            raise _NotWhole(checks.refused)
+            raise NotWhole(checks.refused)
         clear = tf.constant(True)
         if checks.flags:
             clear = tf.reduce_all(tf.stack(checks.flags))
@@ -111,14 +112,49 @@ def _whole_program(model: keras.Model) -> Callable[[Any], Any]:
 def _split_call(model: keras.Model) -> Callable[[Any], Any]:
     """Every layer after the embedding layers as one XLA program, the
     lookups (and the layers before them) run as without `jit_compile`."""
-    inputs = _functional_inputs(model)
-    lookups = embedding_layers(model)
-    if not lookups:
+    if not embedding_layers(model):
         whole: Callable[[Any], Any] = tf.function(
             lambda x: model(x, training=False), jit_compile=True
         )
         return whole
-    activations = []
+    lookups, rest = cut_at_lookups(model)
+    lookups_part = keras.Model(
+        model.input,
+        [output for layer in lookups for output in outputs_of(layer)],
+    )
+    program = tf.function(
+        lambda values: rest(values, training=False), jit_compile=True
+    )
+
+    def call(features: Any) -> Any:
+        values = tf.nest.flatten(lookups_part(features, training=False))
+        return program(values + keras.tree.flatten(features))
+
+    return call
+
+
+def outputs_of(layer: keras.layers.Layer) -> list[Any]:
+    """A layer's symbolic outputs in a model, flat, in the order `rest` of
+    `cut_at_lookups` takes them."""
+    return list(tf.nest.flatten(layer.output))
+
+
+def cut_at_lookups(
+    model: keras.Model,
+) -> tuple[list[TPUEmbeddingLayer], Callable[..., Any]]:
+    """A functional model cut at its embedding layers' outputs: the layers,
+    and the rest of the model (a model of every layer after them, or, when
+    there is none, the outputs picked), which takes the layers' outputs
+    (flat, `outputs_of` each in turn) followed by the model's inputs
+    (flat), and `training`.
+
+    Raises:
+        ValueError: a model that is not functional, or whose embedding
+            layers are not each called once by the model itself; the
+            message says to export without `jit_compile`.
+    """
+    inputs = _functional_inputs(model)
+    lookups = embedding_layers(model)
     for layer in lookups:
         if layer not in model.layers:
             raise _refusal(
@@ -126,11 +162,21 @@ def _split_call(model: keras.Model) -> Callable[[Any], Any]:
                 f"its embedding layer '{layer.name}' is inside another "
                 "layer or model, not called by the model itself",
             )
-        activations.append(layer.output)
-    flat_activations = tf.nest.flatten(activations)
-    lookups_part = keras.Model(model.input, flat_activations)
+    activations = [output for layer in lookups for output in outputs_of(layer)]
+    cut = activations + list(inputs)
+    at = {id(tensor): i for i, tensor in enumerate(cut)}
+    outputs = keras.tree.flatten(model.output)
+    if all(id(output) in at for output in outputs):
+        # Nothing after the lookups (Keras builds no model whose outputs
+        # are its inputs): the model's outputs picked from the cut.
+        def picked(values: list[Any], training: bool = False) -> Any:
+            del training
+            chosen = [values[at[id(output)]] for output in outputs]
+            return keras.tree.pack_sequence_as(model.output, chosen)
+
+        return lookups, picked
     try:
-        rest = keras.Model(flat_activations + list(inputs), model.output)
+        rest = keras.Model(cut, model.output)
     except ValueError as e:
         # Keras' own words: the rest reads a tensor that is neither an
         # embedding layer's first output nor a model input.
@@ -146,15 +192,7 @@ def _split_call(model: keras.Model) -> Callable[[Any], Any]:
             model,
             f"its embedding layer '{twice[0].name}' is called more than once",
         )
-    program = tf.function(
-        lambda values: rest(values, training=False), jit_compile=True
-    )
-
-    def call(features: Any) -> Any:
-        values = tf.nest.flatten(lookups_part(features, training=False))
-        return program(values + keras.tree.flatten(features))
-
-    return call
+    return lookups, rest
 
 
 def check_compiles(serve: Callable[[Any], Any], signature: Any) -> None:

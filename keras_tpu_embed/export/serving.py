@@ -30,6 +30,7 @@ from keras_tpu_embed.export.compiled_model import compiled_call
 from keras_tpu_embed.export.export_records import record_table_dtype
 from keras_tpu_embed.export.export_records import write_digests
 from keras_tpu_embed.export.export_records import write_export_info
+from keras_tpu_embed.export.joined_lookups import joined_call
 from keras_tpu_embed.export.quantization import check_table_dtype
 from keras_tpu_embed.export.quantization import dequantize_rows
 from keras_tpu_embed.export.quantization import quantize_rows
@@ -130,7 +131,9 @@ def export_saved_model(
     `"tpu_tensor_core"` for the dense lookup compiled with XLA. Columns
     without a serving choice serve on the CPU. On the CPU a batch is padded
     and looked up by one compiled gather and combiner per column (for
-    dense ids, one program for all of a layer's columns), or, when padding
+    dense ids, one program for all of a layer's columns, and one for all
+    the layers of a functional model that calls each once on its own
+    inputs, `export/joined_lookups.py`), or, when padding
     would cost more than it saves (one very long row), by sparse ops; both
     give the same answer. Dense ids of a declared width of at most 64 are
     always gathered as sent, as a `keras.layers.Embedding` does. Nothing is
@@ -274,11 +277,12 @@ def export_saved_model(
 
 
 def _model_call(model: keras.Model, jit_compile: bool) -> Callable[[Any], Any]:
-    """The model's serving call: as it is, or cut at its lookups with the
-    rest compiled by XLA (`jit_compile`)."""
+    """The model's serving call: its lookups joined in one program where
+    it allows (`joined_lookups.py`), or compiled with XLA (`jit_compile`,
+    `compiled_model.py`)."""
     if jit_compile:
         return compiled_call(model)
-    return lambda inputs: model(inputs, training=False)
+    return joined_call(model)
 
 
 def _raw_signatures(

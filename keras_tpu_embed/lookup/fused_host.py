@@ -205,7 +205,7 @@ def outputs(
         ]
         values, clear = _program(plan)(padded)
         served = {
-            column.name: _cut(value, start, end, step)
+            column.name: cut_rows(value, start, end, step)
             for column, value, end in zip(columns, values, ends)
         }
         return answer_or_fallback(clear, served, fallback)
@@ -224,9 +224,10 @@ def outputs(
     return chosen
 
 
-def _cut(value: Tensor, start: Tensor, end: Tensor, step: Tensor) -> Tensor:
-    """`value[:end]`, its static shape kept (the shape inference of a
-    strided slice of tensor bounds loses even the rank)."""
+def cut_rows(value: Tensor, start: Tensor, end: Tensor, step: Tensor) -> Tensor:
+    """`value[:end]` (`end` a `[1]` tensor), its static shape kept (the
+    shape inference of a strided slice of tensor bounds loses even the
+    rank)."""
     cut = tf.strided_slice(value, start, end, step)
     cut.set_shape([None] + value.shape[1:])
     return cut

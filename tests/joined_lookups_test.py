@@ -1,0 +1,181 @@
+"""The default export runs every embedding layer's lookups as one program."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import keras_tpu_embed as kte
+from keras_tpu_embed._compat import keras
+
+
+def _layers():
+    ident = kte.categorical_column_with_identity
+    bag = kte.embedding_column(ident("bag", 50), 8, combiner="mean")
+    weighted = kte.embedding_column(
+        kte.weighted_categorical_column(ident("tags", 30), "tags_weight"),
+        8,
+        combiner="sqrtn",
+    )
+    sequence = kte.embedding_column(
+        kte.sequence_categorical_column_with_identity("seq", 40),
+        4,
+        max_sequence_length=3,
+    )
+    return (
+        kte.TPUEmbeddingLayer([bag, weighted], output="concat", name="pooled"),
+        kte.TPUEmbeddingLayer([sequence], name="sequences"),
+    )
+
+
+def _model(numeric=True):
+    """Two embedding layers on the model's inputs, a numeric input and a
+    head after them."""
+    inputs = {
+        "bag": keras.Input((4,), dtype="int64", name="bag"),
+        "tags": keras.Input((2,), dtype="int64", name="tags"),
+        "tags_weight": keras.Input((2,), name="tags_weight"),
+        "seq": keras.Input((3,), dtype="int64", name="seq"),
+    }
+    pooled, sequences = _layers()
+    vectors = [
+        pooled({k: inputs[k] for k in ("bag", "tags", "tags_weight")}),
+        keras.layers.Flatten()(
+            sequences({"seq": inputs["seq"]})["seq_embedding"]
+        ),
+    ]
+    if numeric:
+        inputs["x"] = keras.Input((2,), name="x")
+        vectors.append(inputs["x"])
+    top = keras.layers.Concatenate()(vectors)
+    return keras.Model(inputs, keras.layers.Dense(1, name="score")(top))
+
+
+def _features(batch, seed=0, numeric=True):
+    rng = np.random.default_rng(seed)
+    features = {
+        "bag": tf.constant(rng.integers(-1, 50, (batch, 4)), tf.int64),
+        "tags": tf.constant(rng.integers(-1, 30, (batch, 2)), tf.int64),
+        "tags_weight": tf.constant(rng.uniform(0.5, 2, (batch, 2)), tf.float32),
+        "seq": tf.constant(rng.integers(-1, 40, (batch, 3)), tf.int64),
+    }
+    if numeric:
+        features["x"] = tf.constant(rng.normal(size=(batch, 2)), tf.float32)
+    return features
+
+
+def _programs_per_call(serve):
+    """How many XLA-compiled functions one call of a loaded signature
+    runs when every check passes: calls followed, `If` branches not."""
+    graph = serve.graph.as_graph_def()
+    library = {f.signature.name: f for f in graph.library.function}
+
+    def count(nodes):
+        total = 0
+        for node in nodes:
+            called = node.attr["f"].func.name if "f" in node.attr else ""
+            if called not in library:
+                continue
+            function = library[called]
+            if "_XlaMustCompile" in function.attr and (
+                function.attr["_XlaMustCompile"].b
+            ):
+                total += 1
+            else:
+                total += count(function.node_def)
+        return total
+
+    return count(graph.node)
+
+
+def _export(model, path, **kwargs):
+    kte.export_saved_model(model, path, inputs="ids", verbose=False, **kwargs)
+    return tf.saved_model.load(str(path)).signatures["serving_default"]
+
+
+def test_every_layers_lookups_are_one_program_with_the_same_answer(tmp_path):
+    model = _model()
+    serve = _export(model, tmp_path)
+    assert _programs_per_call(serve) == 1
+    # Batches padded to a power of two inside, and cut back.
+    for batch in (1, 3, 64):
+        features = _features(batch, seed=batch)
+        np.testing.assert_allclose(
+            serve(**features)["score"].numpy(),
+            model(features, training=False).numpy(),
+            atol=1e-6,
+        )
+
+
+def test_an_id_out_of_range_still_names_its_feature(tmp_path):
+    serve = _export(_model(), tmp_path)
+    bad = dict(_features(3), tags=tf.constant([[1, 30]] * 3, tf.int64))
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Feature .{1,2}tags.{1,2} \(table",
+    ):
+        serve(**bad)
+    nan = dict(_features(3), tags_weight=tf.constant([[1, np.nan]] * 3))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="tags_weight"):
+        serve(**nan)
+    # And answers again after a refused call.
+    assert np.isfinite(serve(**_features(3))["score"].numpy()).all()
+
+
+def test_a_lookup_not_on_the_models_inputs_keeps_its_own_program(tmp_path):
+    inputs = {"bag": keras.Input((4,), dtype="int64", name="bag")}
+    pooled = kte.TPUEmbeddingLayer(
+        [
+            kte.embedding_column(
+                kte.categorical_column_with_identity("bag", 50), 8
+            )
+        ],
+        output="concat",
+    )
+    flipped = keras.ops.flip(inputs["bag"], 1)
+    model = keras.Model(inputs, pooled({"bag": flipped}))
+    serve = _export(model, tmp_path)
+    features = {"bag": _features(5)["bag"]}
+    np.testing.assert_allclose(
+        next(iter(serve(**features).values())).numpy(),
+        model(features, training=False).numpy(),
+        atol=1e-6,
+    )
+
+
+def test_the_tensor_core_lookup_is_not_joined_and_still_checks(tmp_path):
+    # It asserts its ids in range itself, which XLA would drop.
+    ident = kte.categorical_column_with_identity
+    column = kte.embedding_column(
+        ident("bag", 50), 8, tensor_core_shape=[None, 4]
+    )
+    inputs = {"bag": keras.Input((4,), dtype="int64", name="bag")}
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    model = keras.Model(inputs, layer(inputs))
+    serve = _export(model, tmp_path, lookup_device="tpu_tensor_core")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bag"):
+        serve(bag=tf.constant([[1, 50, -1, -1]], tf.int64))
+
+
+def test_a_model_of_lookups_alone_is_one_program(tmp_path):
+    # Its outputs are the layers' own: nothing runs after the program.
+    inputs = {
+        "bag": keras.Input((4,), dtype="int64", name="bag"),
+        "seq": keras.Input((3,), dtype="int64", name="seq"),
+    }
+    pooled, sequences = _layers()
+    pooled_columns = pooled.columns[:1]
+    pooled = kte.TPUEmbeddingLayer(pooled_columns, name="bag_only")
+    outputs = {
+        "bag": pooled({"bag": inputs["bag"]})["bag_embedding"],
+        "seq": sequences({"seq": inputs["seq"]})["seq_embedding"],
+    }
+    model = keras.Model(inputs, outputs)
+    serve = _export(model, tmp_path)
+    assert _programs_per_call(serve) == 1
+    features = {k: _features(3)[k] for k in ("bag", "seq")}
+    want = model(features, training=False)
+    got = serve(**features)
+    for key in ("bag", "seq"):
+        np.testing.assert_allclose(
+            got[key].numpy(), want[key].numpy(), atol=1e-6
+        )
