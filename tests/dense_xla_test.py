@@ -457,3 +457,17 @@ def test_scratch_is_not_state(tmp_path):
     stored = [name for name, _ in tf.train.list_variables(saved)]
     assert any("embedding_tables/item" in n for n in stored), stored
     assert not any("scratch" in n for n in stored), stored
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_unweighted_positions_equal_the_weighted_formula(combiner):
+    # Without a weight feature the factor is the weight itself (1 or 0):
+    # the same values, row 0 (NaN here) still kept out of padding.
+    table = tf.constant([[np.nan, np.inf], [1.5, -2.0], [0.25, 3.0]])
+    ids = tf.constant([[1, -1, 2], [-1, -1, 1]], tf.int64)
+    kept, factors = dense_xla.entry_factors(ids, None, combiner, safe=True)
+    rows = dense_xla.gather_rows(table, ids, kept)
+    got = dense_xla.per_position(rows, factors, combiner, weighted=False)
+    want = dense_xla.per_position(rows, factors, combiner)
+    np.testing.assert_array_equal(got, want)
+    assert np.isfinite(got).all()

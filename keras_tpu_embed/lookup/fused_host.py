@@ -397,7 +397,9 @@ def _program(
             )
             if column.is_sequence:
                 values.append(
-                    dense_xla.per_position(rows, factor, column.combiner)
+                    dense_xla.per_position(
+                        rows, factor, column.combiner, weights is not None
+                    )
                 )
             else:
                 values.append(dense_xla.pooled(rows, factor, column.combiner))

@@ -315,7 +315,8 @@ def _device_part(
             dense_xla.gather_rows(variable, ids, kept), table.max_norm
         )
         if column.is_sequence:
-            return dense_xla.per_position(rows, factor, combiner)
+            weighted = weights is not None
+            return dense_xla.per_position(rows, factor, combiner, weighted)
         return dense_xla.pooled(rows, factor, combiner)
 
     if compiled:
