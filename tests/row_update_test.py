@@ -213,3 +213,23 @@ def test_non_finite_updates_can_be_allowed():
     layer = _nan_layer(non_finite_updates="allow")
     _nan_gradient_step(layer)
     assert kte.validate_tables(layer) == {"i": [1, 2]}
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_all_finite_is_exact_when_the_sum_overflows(jit_compile):
+    from keras_tpu_embed.optimizers.row_update import all_finite
+
+    check = tf.function(all_finite, jit_compile=jit_compile)
+    big = np.float32(3e38)
+    cases = {
+        (1.0, 2.0, -3.0): True,
+        (big, big, 1.0): True,  # finite terms, a sum that overflows
+        (-big, -big, 1.0): True,
+        (1.0, np.nan, 2.0): False,
+        (np.inf, 1.0, 1.0): False,
+        (np.inf, -np.inf, 1.0): False,
+        (big, big, -np.inf): False,
+    }
+    for values, want in cases.items():
+        got = bool(check(tf.constant([values, values], tf.float32)))
+        assert got is want, values
