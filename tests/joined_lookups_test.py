@@ -156,20 +156,24 @@ def test_the_tensor_core_lookup_is_not_joined_and_still_checks(tmp_path):
         serve(bag=tf.constant([[1, 50, -1, -1]], tf.int64))
 
 
-def test_a_model_of_lookups_alone_is_one_program(tmp_path):
-    # Its outputs are the layers' own: nothing runs after the program.
+def _lookups_alone():
+    """A model whose outputs are its two layers' own, and the layers."""
     inputs = {
         "bag": keras.Input((4,), dtype="int64", name="bag"),
         "seq": keras.Input((3,), dtype="int64", name="seq"),
     }
     pooled, sequences = _layers()
-    pooled_columns = pooled.columns[:1]
-    pooled = kte.TPUEmbeddingLayer(pooled_columns, name="bag_only")
+    bag_only = kte.TPUEmbeddingLayer(pooled.columns[:1], name="bag_only")
     outputs = {
-        "bag": pooled({"bag": inputs["bag"]})["bag_embedding"],
+        "bag": bag_only({"bag": inputs["bag"]})["bag_embedding"],
         "seq": sequences({"seq": inputs["seq"]})["seq_embedding"],
     }
-    model = keras.Model(inputs, outputs)
+    return keras.Model(inputs, outputs), bag_only, sequences
+
+
+def test_a_model_of_lookups_alone_is_one_program(tmp_path):
+    # Nothing runs after the program.
+    model, _, _ = _lookups_alone()
     serve = _export(model, tmp_path)
     assert _programs_per_call(serve) == 1
     features = {k: _features(3)[k] for k in ("bag", "seq")}
@@ -179,3 +183,22 @@ def test_a_model_of_lookups_alone_is_one_program(tmp_path):
         np.testing.assert_allclose(
             got[key].numpy(), want[key].numpy(), atol=1e-6
         )
+
+
+def test_inputs_of_other_batch_sizes_each_keep_their_rows(tmp_path):
+    # Served in one call, each output has its own feature's rows, as each
+    # layer alone gives them (the joined program's cut takes one size).
+    model, bag_only, sequences = _lookups_alone()
+    serve = _export(model, tmp_path)
+    features = {"bag": _features(3)["bag"], "seq": _features(5)["seq"]}
+    got = serve(**features)
+    np.testing.assert_allclose(
+        got["bag"].numpy(),
+        bag_only({"bag": features["bag"]}, training=False)["bag_embedding"],
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(
+        got["seq"].numpy(),
+        sequences({"seq": features["seq"]}, training=False)["seq_embedding"],
+        atol=1e-6,
+    )

@@ -16,8 +16,9 @@ fused host lookup of dense ids (`lookup/fused_host.py`), the export:
   activations and one flag: every id in range, every weight finite
   (`lookup/returned_checks.py`; XLA drops assertions);
 - cuts the activations back to the batch and, in one `If`, takes them
-  when the flag is clear; otherwise the layers run as they do alone,
-  which raises naming the feature and the bad value;
+  when the flag is clear and the inputs share one batch size; otherwise
+  the layers run as they do alone, which raises naming the feature and
+  the bad value, or answers each input of its own batch size;
 - runs the layers after the lookups as the model does, op by op
   (compiling them is `jit_compile=True`'s choice, not the default's).
 
@@ -77,27 +78,38 @@ def joined_call(model: keras.Model) -> Callable[[Any], Any]:
             )
         return activations
 
-    program = checked_program(
-        lambda padded: lookups_on(dict(zip(used, padded)))
-    )
+    def joined(padded: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """The activations, and whether the inputs share one batch size
+        (padded alike, they do only if their batches did): the cut takes
+        one batch size. XLA folds the comparison of its static shapes."""
+        sizes = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in padded])
+        return lookups_on(dict(zip(used, padded))), tf.reduce_all(
+            tf.equal(sizes, sizes[0])
+        )
+
+    program = checked_program(joined)
 
     def call(features: Any) -> Any:
         flat = keras.tree.flatten(features)
-        if not all(_paddable(flat[i]) for i in used):
+        if len(flat) != len(inputs) or not all(
+            _paddable(flat[i]) for i in used
+        ):
             return plain(features)
         batch = tf.shape(flat[used[0]], out_type=tf.int64)[0]
         extra = bucket(batch) - batch
         try:
-            values, clear = program(_pad_rows([flat[i] for i in used], extra))
+            (values, one_batch), clear = program(
+                _pad_rows([flat[i] for i in used], extra)
+            )
         except NotWhole:
             return plain(features)
         start, step = tf.constant([0], tf.int64), tf.constant([1], tf.int64)
         end = tf.reshape(batch, [1])
         served = [cut_rows(value, start, end, step) for value in values]
         # Not clear: the layers alone, whose lookups raise naming the
-        # feature (or answer a batch the program cannot take).
+        # feature, or answer inputs of other batch sizes each as its own.
         chosen = tf_fast_cond(
-            clear,
+            tf.logical_and(clear, one_batch),
             lambda: served,
             lambda: lookups_on(dict(enumerate(flat))),
         )
