@@ -8,7 +8,9 @@ executor steps at batch 1, where the fastest peer runs one program.
 
 Here, when every embedding layer of a functional model is called once,
 by the model itself, on the model's own inputs, and every lookup is the
-fused host lookup of dense ids (`lookup/fused_host.py`), the export:
+fused host lookup of dense ids of declared widths (`lookup/fused_host.py`;
+an undeclared or wider width is checked per batch outside any program),
+the export:
 
 - pads the inputs the lookups read to the batch's power of two, once
   (XLA then compiles a handful of programs, as for one layer);

@@ -131,9 +131,10 @@ def export_saved_model(
     `"tpu_tensor_core"` for the dense lookup compiled with XLA. Columns
     without a serving choice serve on the CPU. On the CPU a batch is padded
     and looked up by one compiled gather and combiner per column (for
-    dense ids, one program for all of a layer's columns, and one for all
-    the layers of a functional model that calls each once on its own
-    inputs, `export/joined_lookups.py`), or, when padding
+    dense ids, one program for all of a layer's columns, and, for dense
+    ids of declared widths, one for all the layers of a functional model
+    that calls each once on its own inputs, `export/joined_lookups.py`),
+    or, when padding
     would cost more than it saves (one very long row), by sparse ops; both
     give the same answer. Dense ids of a declared width of at most 64 are
     always gathered as sent, as a `keras.layers.Embedding` does. Nothing is
