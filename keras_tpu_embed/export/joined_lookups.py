@@ -26,7 +26,7 @@ the export:
 
 The program runs the same ops on the same ids as each layer's own
 program, so the answers are the same. Any other model is called as it
-is: each layer then runs its own program, as before.
+is: each layer then runs its own program.
 """
 
 from __future__ import annotations
