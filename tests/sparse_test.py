@@ -146,3 +146,38 @@ def test_training_rows_come_padded_and_dense_steps_get_them_cut():
     assert "count" not in dense
     assert sorted(dense["unique_ids"].numpy()) == [1, 3]
     assert dense["gradient"].shape[0] == 2
+
+
+def test_position_gradient_is_the_gathers_summed_per_row():
+    """A sequence's gradient reaches the distinct rows as the gradient of
+    the gather it replaces: each row's positions summed; slot 0 (an empty
+    position, the zero row) reaches no row."""
+    rng = np.random.default_rng(3)
+    rows = tf.constant(rng.normal(size=(6, 4)), tf.float32)
+    # Row 2 is read at three positions, row 5 at none, two positions empty.
+    slots = tf.constant([3, 0, 1, 3, 2, 3, 0, 6, 4], tf.int32)
+    upstream = tf.constant(rng.normal(size=(9, 4)), tf.float32)
+
+    def gradient(gather) -> np.ndarray:
+        with tf.GradientTape() as tape:
+            tape.watch(rows)
+            out = gather(rows)
+        return tf.convert_to_tensor(tape.gradient(out, rows, upstream)).numpy()
+
+    ours = gradient(
+        lambda r: sparse.gather_positions(r, sparse.with_zero_row(r), slots)
+    )
+    expected = np.zeros((6, 4), np.float32)
+    for position, slot in enumerate(slots.numpy()):
+        if slot:
+            expected[slot - 1] += upstream.numpy()[position]
+    np.testing.assert_allclose(ours, expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        ours,
+        gradient(lambda r: tf.gather(sparse.with_zero_row(r), slots)),
+        rtol=1e-6,
+    )
+    np.testing.assert_array_equal(
+        sparse.gather_positions(rows, sparse.with_zero_row(rows), slots),
+        tf.gather(sparse.with_zero_row(rows), slots),
+    )

@@ -135,13 +135,44 @@ def sequence(
         ),
         0,
     )
-    flat = tf.gather(padded_source, slots)
+    flat = gather_positions(source, padded_source, slots)
     if batch.weights is not None:
         factor = tf.math.unsorted_segment_sum(
             position_factor(batch.weights, combiner), segments, size
         )
         flat = flat * tf.cast(factor, flat.dtype)[:, tf.newaxis]
     return tf.reshape(flat, [-1, max_length, dim])
+
+
+def gather_positions(
+    source: Tensor, padded_source: Tensor, slots: Tensor
+) -> Tensor:
+    """`padded_source[slots]`, `padded_source` being `with_zero_row(source)`;
+    its gradient reaches `source` dense, as one segment sum per column.
+
+    TensorFlow's own gradient of the gather is `IndexedSlices` on
+    `padded_source`. With two sequence columns on one table, the tape then
+    concatenates both columns' slices, takes them apart again through the
+    concatenation of the zero row (a gather of every value), and turns them
+    dense for the trap (a segment sum): three passes over every position's
+    gradient where one is enough. Measured on the W2 training step (2
+    sequence columns on one table), both versions in one process: 1.03x,
+    1.10x and 1.14x faster in three runs with dense ids, 1.06x with ragged.
+    Slot 0, the zero row, reaches no row: its segment id is -1, which the
+    segment sum drops.
+    """
+
+    @tf.custom_gradient  # type: ignore[untyped-decorator]
+    def gather(source: Tensor, padded_source: Tensor) -> Any:
+        def gradient(upstream: Tensor) -> tuple[Tensor, None]:
+            rows = tf.math.unsorted_segment_sum(
+                upstream, slots - 1, tf.shape(source)[0]
+            )
+            return rows, None
+
+        return tf.gather(padded_source, slots), gradient
+
+    return gather(source, padded_source)
 
 
 def with_zero_row(source: Tensor) -> Tensor:
