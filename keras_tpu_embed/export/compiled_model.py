@@ -118,10 +118,7 @@ def _split_call(model: keras.Model) -> Callable[[Any], Any]:
         )
         return whole
     lookups, rest = cut_at_lookups(model)
-    lookups_part = keras.Model(
-        model.input,
-        [output for layer in lookups for output in outputs_of(layer)],
-    )
+    lookups_part = keras.Model(model.input, lookup_outputs(lookups))
     program = tf.function(
         lambda values: rest(values, training=False), jit_compile=True
     )
@@ -133,10 +130,13 @@ def _split_call(model: keras.Model) -> Callable[[Any], Any]:
     return call
 
 
-def outputs_of(layer: keras.layers.Layer) -> list[Any]:
-    """A layer's symbolic outputs in a model, flat, in the order `rest` of
-    `cut_at_lookups` takes them."""
-    return list(tf.nest.flatten(layer.output))
+def lookup_outputs(lookups: list[TPUEmbeddingLayer]) -> list[Any]:
+    """The embedding layers' symbolic outputs in a model, each layer's
+    flat, layer after layer: the first values `rest` of `cut_at_lookups`
+    takes."""
+    return [
+        output for layer in lookups for output in tf.nest.flatten(layer.output)
+    ]
 
 
 def cut_at_lookups(
@@ -145,8 +145,8 @@ def cut_at_lookups(
     """A functional model cut at its embedding layers' outputs: the layers,
     and the rest of the model (a model of every layer after them, or, when
     there is none, the outputs picked), which takes the layers' outputs
-    (flat, `outputs_of` each in turn) followed by the model's inputs
-    (flat), and `training`.
+    (`lookup_outputs`) followed by the model's inputs (flat), and
+    `training`.
 
     Raises:
         ValueError: a model that is not functional, or whose embedding
@@ -162,8 +162,7 @@ def cut_at_lookups(
                 f"its embedding layer '{layer.name}' is inside another "
                 "layer or model, not called by the model itself",
             )
-    activations = [output for layer in lookups for output in outputs_of(layer)]
-    cut = activations + list(inputs)
+    cut = lookup_outputs(lookups) + list(inputs)
     at = {id(tensor): i for i, tensor in enumerate(cut)}
     outputs = keras.tree.flatten(model.output)
     if all(id(output) in at for output in outputs):
