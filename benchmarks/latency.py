@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import resource  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -102,6 +103,14 @@ class Cell:
     per_round_examples_per_s: list[float] = dataclasses.field(
         default_factory=list
     )
+    page_faults: int = 0
+    """Minor page faults of the process while this cell's calls ran."""
+
+
+def minor_faults() -> int:
+    """The process's minor page faults so far: memory the allocator gave
+    back to the system and took again, zeroed page by page."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,10 +173,12 @@ def main(argv: list[str] | None = None) -> None:
             for size in sizes:
                 calls = QUICK_CALLS if args.quick else CALLS[size]
                 for threads in THREADS:
+                    faults = minor_faults()
                     samples, wall = timed_calls(
                         loaded[name], inputs[size], calls, threads
                     )
                     cell = cells[(name, size, threads)]
+                    cell.page_faults += minor_faults() - faults
                     cell.latencies += samples
                     cell.examples += len(samples) * size
                     cell.wall_s += wall
@@ -188,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
                         "p50_ms": percentile(cell.latencies, 50) * 1e3,
                         "p99_ms": percentile(cell.latencies, 99) * 1e3,
                         "examples_per_s": cell.examples / cell.wall_s,
+                        "page_faults_per_call": cell.page_faults
+                        / len(cell.latencies),
                         "vs_fastest_peer": _paired(cells, name, size, threads),
                     }
                 )

@@ -105,7 +105,8 @@ def table(latency: dict[str, Any], quantization: dict[str, Any] | None) -> str:
         return "\n".join(lines + [f"failed: {latency['error']}"])
     lines.append(
         f"{'export':26} {'batch':>5} {'thr':>3} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'examples/s':>11} {'x peer':>6} {'diff':>7} {'MiB':>7}"
+        f"{'examples/s':>11} {'x peer':>6} {'faults':>6} {'diff':>7} "
+        f"{'MiB':>7}"
     )
     for name, record in latency["exports"].items():
         if "error" in record:
@@ -117,6 +118,7 @@ def table(latency: dict[str, Any], quantization: dict[str, Any] | None) -> str:
                 f"{cell['p50_ms']:8.2f} {cell['p99_ms']:8.2f} "
                 f"{cell['examples_per_s']:11,.0f} "
                 f"{_fmt(cell['vs_fastest_peer']['ratio'], '6.2f')} "
+                f"{_fmt(cell.get('page_faults_per_call'), '6.0f')} "
                 f"{record['max_abs_diff']:7.0e} "
                 f"{record['saved_model_bytes'] / 2**20:7.1f}"
             )
@@ -124,7 +126,9 @@ def table(latency: dict[str, Any], quantization: dict[str, Any] | None) -> str:
         lines.append(f"quantized exports: {latency['quantized_skipped']}")
     lines.append(
         "x peer: median over rounds of examples/s over the fastest float32 "
-        "peer's in the same round; diff: max abs vs the float32 reference"
+        "peer's in the same round; faults: the process's minor page faults "
+        "per call (freed memory taken back from the system; see "
+        "docs/performance.md); diff: max abs vs the float32 reference"
     )
     lines.append("\nQuantization (W1 tables; max abs error per table)")
     float32 = latency["exports"]["kte_cpu"].get("saved_model_bytes")

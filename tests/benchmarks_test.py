@@ -208,6 +208,8 @@ def test_latency_section(quick_run):
                 per_thread * cell["threads"] * latency["rounds"]
             ), (name, cell)
             assert _finite_positive(cell["vs_fastest_peer"]["ratio"]), name
+            faults = cell["page_faults_per_call"]
+            assert math.isfinite(faults) and faults >= 0, (name, cell)
         assert _finite_positive(record["saved_model_bytes"]), name
         diff = record["max_abs_diff"]
         assert math.isfinite(diff) and diff >= 0, name
@@ -462,3 +464,16 @@ def test_repeated_runs_judge_targets_on_the_median():
     assert goals["W2"]["runs"] == [1.39, 1.47, 1.74]
     assert goals["W2"]["met"] is False
     assert goals["W3"] == {}
+
+
+def test_minor_faults_count_the_pages_a_fresh_block_touches():
+    from benchmarks import latency
+
+    size = 64 * 2**20
+    before = latency.minor_faults()
+    # Fresh pages from malloc (numpy would ask for huge pages), one byte
+    # written in each.
+    block = bytearray(size)
+    block[::4096] = b"\x01" * (size // 4096)
+    assert latency.minor_faults() - before >= size // 4096 // 2
+    del block
