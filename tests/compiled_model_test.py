@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed._compat import keras
+from tests import testing
 
 
 def _columns():
@@ -155,6 +156,23 @@ def test_the_lookups_still_check_their_ids(tmp_path):
     # And answer again after a refused call.
     good = _features(2)
     assert np.isfinite(serve(**good)["score"].numpy()).all()
+
+
+def test_the_checks_are_one_assertion_not_a_branch(tmp_path):
+    # An `If` ran its branch as a function call on every served call.
+    kte.export_saved_model(
+        _dlrm_like(), tmp_path, inputs="ids", verbose=False, jit_compile=True
+    )
+    serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
+    ops = testing.host_op_types(serve)
+    assert "XLA" in ops and "Assert" in ops
+    assert not ops & {"If", "StatelessIf", "Switch", "Merge"}
+    bad = dict(_features(2), a=tf.constant([[25]] * 2, tf.int64))
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Feature .{1,2}a.{1,2} \(table(.|\n)*Largest id:\]? \[25\]",
+    ):
+        serve(**bad)
 
 
 class Subclassed(keras.Model):

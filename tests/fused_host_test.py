@@ -91,8 +91,8 @@ def test_every_dense_column_serves_in_one_program(monkeypatch):
     runs = tf.Variable(0)
     original = fused_host._program
 
-    def recording(plan):
-        program = original(plan)
+    def recording(plan, fold):
+        program = original(plan, fold)
         programs.append(sorted(column.name for _, column, _ in plan))
 
         def run(inputs):
@@ -181,8 +181,8 @@ def _recorded_program_inputs(monkeypatch):
     shapes = []
     original = fused_host._program
 
-    def recording(plan):
-        program = original(plan)
+    def recording(plan, fold):
+        program = original(plan, fold)
 
         def run(inputs):
             shapes.append([[tuple(x.shape) for x in xs] for xs in inputs])
@@ -290,10 +290,10 @@ def test_columns_of_other_batch_sizes_each_pad_their_own(monkeypatch):
         )
 
 
-def test_the_error_path_is_a_call_not_dead_nodes_on_every_call():
-    # A `tf.cond` lowers to Switch/Merge: each served call walked the
-    # untaken per-column branch's hundreds of ops as dead nodes. The one
-    # `If` left runs its branch as a function call, only when taken.
+def test_a_served_call_checks_with_an_assertion_not_a_branch():
+    # A `tf.cond` lowers to Switch/Merge and walked the untaken per-column
+    # branch's hundreds of ops on every call; an `If` runs its branch as
+    # a function call on every call. An assertion is one op.
     layer = kte.TPUEmbeddingLayer(_columns())
     features = _features()
     layer(features)
@@ -307,8 +307,7 @@ def test_the_error_path_is_a_call_not_dead_nodes_on_every_call():
             .get_concrete_function(specs)
             .graph
         )
-    conds = [
-        op for op in graph.get_operations() if op.type in ("If", "StatelessIf")
-    ]
-    assert len(conds) == 1
-    assert not conds[0].get_attr("_lower_using_switch_merge")
+    types = [op.type for op in graph.get_operations()]
+    assert not set(types) & {"If", "StatelessIf", "Switch", "Merge"}
+    # One for the checks of the program, one for the weights' shape.
+    assert types.count("Assert") == 2

@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed._compat import keras
+from tests import testing
 
 
 def _layers():
@@ -96,7 +97,6 @@ def test_every_layers_lookups_are_one_program_with_the_same_answer(tmp_path):
     model = _model()
     serve = _export(model, tmp_path)
     assert _programs_per_call(serve) == 1
-    # Batches padded to a power of two inside, and cut back.
     for batch in (1, 3, 64):
         features = _features(batch, seed=batch)
         np.testing.assert_allclose(
@@ -106,16 +106,31 @@ def test_every_layers_lookups_are_one_program_with_the_same_answer(tmp_path):
         )
 
 
+BRANCHES_AND_PADDING = {"If", "StatelessIf", "Switch", "Merge", "Pad", "PadV2"}
+
+
+def test_a_served_call_runs_no_branch_and_no_padding(tmp_path):
+    # The checks are one assertion after the program, and XLA compiles
+    # per batch size: each branch or pad and cut was a measurable share
+    # of a small batch's call (benchmarks/, W1 at batch 64).
+    ops = testing.host_op_types(_export(_model(), tmp_path))
+    assert "XLA" in ops and "Assert" in ops
+    assert not ops & BRANCHES_AND_PADDING
+
+
 def test_an_id_out_of_range_still_names_its_feature(tmp_path):
     serve = _export(_model(), tmp_path)
     bad = dict(_features(3), tags=tf.constant([[1, 30]] * 3, tf.int64))
     with pytest.raises(
         tf.errors.InvalidArgumentError,
-        match=r"Feature .{1,2}tags.{1,2} \(table",
+        match=r"Feature .{1,2}tags.{1,2} \(table(.|\n)*Largest id:\]? \[30\]",
     ):
         serve(**bad)
     nan = dict(_features(3), tags_weight=tf.constant([[1, np.nan]] * 3))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="tags_weight"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"tags_weight.{1,2} holds NaN or inf(.|\n)*\[3\]",
+    ):
         serve(**nan)
     # And answers again after a refused call.
     assert np.isfinite(serve(**_features(3))["score"].numpy()).all()
@@ -202,3 +217,37 @@ def test_inputs_of_other_batch_sizes_each_keep_their_rows(tmp_path):
         sequences({"seq": features["seq"]}, training=False)["seq_embedding"],
         atol=1e-6,
     )
+
+
+def test_pad_batches_pads_to_powers_of_two_with_the_same_answer(tmp_path):
+    model = _model()
+    serve = _export(model, tmp_path, pad_batches=True)
+    assert _programs_per_call(serve) == 1
+    assert {"PadV2", "StridedSlice"} <= testing.host_op_types(serve)
+    for batch in (1, 3, 64):
+        features = _features(batch, seed=batch)
+        np.testing.assert_allclose(
+            serve(**features)["score"].numpy(),
+            model(features, training=False).numpy(),
+            atol=1e-6,
+        )
+    bad = dict(_features(3), tags=tf.constant([[1, 30]] * 3, tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Largest id"):
+        serve(**bad)
+
+
+def test_pad_batches_refuses_inputs_of_other_batch_sizes(tmp_path):
+    # Padded alike and cut to one size, they would answer from padding.
+    model, _, _ = _lookups_alone()
+    serve = _export(model, tmp_path, pad_batches=True)
+    features = {"bag": _features(3)["bag"], "seq": _features(5)["seq"]}
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"pad_batches=True\) serves inputs of one batch size",
+    ):
+        serve(**features)
+
+
+def test_pad_batches_with_jit_compile_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="pad_batches=True, jit_compile=True"):
+        _export(_model(), tmp_path, pad_batches=True, jit_compile=True)

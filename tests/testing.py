@@ -415,3 +415,38 @@ def assert_update_matches_numpy(optimizer, learning_rate=0.1, seed=0):
     assert sorted(got_slots) == sorted(want_slots)
     for name, value in want_slots.items():
         np.testing.assert_allclose(got_slots[name], value, rtol=1e-10)
+
+
+def host_op_types(serve):
+    """The op types a loaded signature `serve` runs outside XLA: its graph
+    and every function it calls that is not compiled, followed (an `If`'s
+    branches too); XLA-compiled functions are counted as one op, `XLA`."""
+    library = {
+        f.signature.name: f for f in serve.graph.as_graph_def().library.function
+    }
+
+    def compiled(name):
+        attr = library[name].attr
+        return "_XlaMustCompile" in attr and attr["_XlaMustCompile"].b
+
+    def reached(nodes, seen):
+        types = set()
+        for node in nodes:
+            called = [
+                node.attr[key].func.name
+                for key in ("f", "then_branch", "else_branch")
+                if key in node.attr and node.attr[key].func.name in library
+            ]
+            if not called:
+                types.add(node.op)
+            for name in called:
+                if compiled(name):
+                    types.add("XLA")
+                else:
+                    types.add(node.op)
+                    if name not in seen:
+                        seen.add(name)
+                        types |= reached(library[name].node_def, seen)
+        return types
+
+    return reached(serve.graph.as_graph_def().node, set())

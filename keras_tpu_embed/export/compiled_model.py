@@ -9,11 +9,11 @@ the lookups' id and weight checks cannot simply be compiled in. Two ways:
 
 - **The whole model as one program**, when every lookup is the fused
   host lookup of dense ids of declared widths (`lookup/fused_host.py`):
-  inside the program the lookups hand their checks over as flags
-  (`lookup/returned_checks.py`); outside it, one `If` returns the
-  program's answer when every flag is clear, else runs the model
-  uncompiled, whose lookups raise naming the feature. A W4 call is then
-  one program, one `If` and one shape check per input.
+  inside the program the lookups hand their checks over as data
+  (`lookup/returned_checks.py`), folded into one verdict; outside it, one
+  `Assert` raises naming the feature and the bad value when a check
+  failed. A W4 call is then one program, one assertion and one shape
+  check per input.
 - **Otherwise the model cut at its embedding layers' outputs** (a
   functional model, each embedding layer called once by the model
   itself): the lookups, and any layers before them, run as without
@@ -36,21 +36,30 @@ import numpy as np
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed._compat import tf_fast_cond
+from keras_tpu_embed.export.serving_inputs import ensure_shapes
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
+from keras_tpu_embed.lookup.returned_checks import Verdict
+from keras_tpu_embed.lookup.returned_checks import assert_clear
+from keras_tpu_embed.lookup.returned_checks import gathered
 from keras_tpu_embed.lookup.returned_checks import returned_checks
+from keras_tpu_embed.lookup.returned_checks import verdict
 from keras_tpu_embed.types import Tensor
 
 
-def compiled_call(model: keras.Model) -> Callable[[Any], Any]:
+def compiled_call(
+    model: keras.Model, check_shapes: bool = False
+) -> Callable[[Any], Any]:
     """`model`'s serving call compiled with XLA (see module doc): the whole
     model as one program when every lookup hands its checks over
     (`lookup/returned_checks.py`), else every layer after the embedding
     layers as one program, the lookups run apart.
 
     Call it inside the export's serving mode (`serving.serving_lookups`),
-    with what the model takes, while tracing the serving function.
+    with what the model takes, while tracing the serving function. With
+    `check_shapes` (a signature's inputs), each input's declared shape is
+    checked, inside the program when the whole model is one
+    (`serving_inputs.ensure_shapes`).
 
     Raises:
         ValueError: (only where the whole model cannot be one program) a
@@ -59,26 +68,26 @@ def compiled_call(model: keras.Model) -> Callable[[Any], Any]:
             layer or model, or called twice); the message says to export
             without `jit_compile`.
     """
-    whole = checked_program(lambda features: model(features, training=False))
+
+    def checked(features: Any, in_program: bool) -> Any:
+        if not check_shapes:
+            return features
+        return ensure_shapes(features, in_program)
+
+    whole = CheckedProgram(
+        lambda features: model(checked(features, True), training=False)
+    )
     # Built once for every signature that needs it (`serving_default` and
     # `serve_examples` trace `call` each): one cut model, one program.
     split: list[Callable[[Any], Any]] = []
 
     def call(features: Any) -> Any:
         try:
-            outputs, clear = whole(features)
+            return whole.asserted(features)
         except NotWhole:
             if not split:
                 split.append(_split_call(model))
-            return split[0](features)
-        # Outside the program: its answer when every check is clear, else
-        # the model uncompiled, whose lookups raise naming the feature.
-        chosen = tf_fast_cond(
-            clear,
-            lambda: tf.nest.flatten(outputs),
-            lambda: tf.nest.flatten(model(features, training=False)),
-        )
-        return tf.nest.pack_sequence_as(outputs, chosen)
+            return split[0](checked(features, False))
 
     return call
 
@@ -87,26 +96,50 @@ class NotWhole(Exception):
     """A lookup traced in a checked program kept its checks to itself."""
 
 
-def checked_program(function: Callable[[Any], Any]) -> Callable[[Any], Any]:
+class CheckedProgram:
     """`function` (a call of layers with lookups in it) as one XLA program
-    returning its outputs and one flag: every lookup's checks clear.
-    Traced on its first call, which raises `NotWhole` when some lookup
-    cannot hand its checks over (its checks would be dropped by XLA)."""
+    returning its outputs and the `Verdict` of every lookup's checks
+    (`lookup/returned_checks.py`).
 
-    def program(features: Any) -> Any:
+    Traced on its first call, which raises `NotWhole` when some lookup
+    cannot hand its checks over (its checks would be dropped by XLA).
+    """
+
+    def __init__(self, function: Callable[[Any], Any]) -> None:
+        self._function = function
+        self.messages: tuple[str, ...] = ()
+        """The checks' messages, known once traced (a traced program
+        called again is not traced again, so they are kept here)."""
+        self._compiled = tf.function(
+            self._program, jit_compile=True, autograph=False
+        )
+
+    def _program(self, features: Any) -> Any:
         with returned_checks() as checks:
-            outputs = function(features)
+            outputs = self._function(features)
         if not checks.complete:
             raise NotWhole(checks.refused)
-        clear = tf.constant(True)
-        if checks.flags:
-            clear = tf.reduce_all(tf.stack(checks.flags))
-        return outputs, clear
+        if not checks.handed:
+            self.messages = ()
+            return outputs, ()
+        every = gathered(checks.handed)
+        self.messages = every.messages
+        folded = verdict(every)
+        return outputs, (folded.clear, folded.first, folded.evidence)
 
-    compiled: Callable[[Any], Any] = tf.function(
-        program, jit_compile=True, autograph=False
-    )
-    return compiled
+    def __call__(self, features: Any) -> tuple[Any, Verdict | None]:
+        """The program's outputs and its checks' verdict (None when it
+        has no checks)."""
+        outputs, folded = self._compiled(features)
+        return outputs, (Verdict(*folded) if folded else None)
+
+    def asserted(self, features: Any) -> Any:
+        """The program's outputs, its verdict asserted outside it: the
+        call raises naming the first failed check's feature and value."""
+        outputs, folded = self(features)
+        if folded is not None:
+            assert_clear(folded, self.messages)
+        return outputs
 
 
 def _split_call(model: keras.Model) -> Callable[[Any], Any]:

@@ -2,7 +2,7 @@
 
 Without `jit_compile`, a served call of a model with several embedding
 layers ran one XLA program per layer, each with its own host ops to pad
-the batch to a power of two and cut it back, and its own `If` on its
+the batch to a power of two and cut it back, and its own branch on its
 checks. In the W1 workload of `benchmarks/` that was 2 programs and 9
 executor steps at batch 1, where the fastest peer runs one program.
 
@@ -12,17 +12,21 @@ fused host lookup of dense ids of declared widths (`lookup/fused_host.py`;
 an undeclared or wider width is checked per batch outside any program),
 the export:
 
-- pads the inputs the lookups read to the batch's power of two, once
-  (XLA then compiles a handful of programs, as for one layer);
-- runs every layer's lookups as one XLA program, which returns their
-  activations and one flag: every id in range, every weight finite
-  (`lookup/returned_checks.py`; XLA drops assertions);
-- cuts the activations back to the batch and, in one `If`, takes them
-  when the flag is clear and the inputs share one batch size; otherwise
-  the layers run as they do alone, which raises naming the feature and
-  the bad value, or answers each input of its own batch size;
+- runs every layer's lookups as one XLA program on the inputs as they
+  come, which returns their activations and the verdict of their checks
+  (every id in range, every weight finite: `lookup/returned_checks.py`;
+  XLA drops assertions); XLA compiles it once per batch size served, as
+  Keras' `jit_compile` does;
+- outside it, one `Assert` raises naming the feature and the bad value
+  when a check failed: no branch, no padding, no cut on a served call;
 - runs the layers after the lookups as the model does, op by op
   (compiling them is `jit_compile=True`'s choice, not the default's).
+
+With `pad_batches=True` the inputs the lookups read are padded to the
+batch's power of two first and the activations cut back after, so that a
+server that sees every batch size compiles a handful of programs; the
+inputs of one call must then share one batch size (checked with the
+others).
 
 The program runs the same ops on the same ids as each layer's own
 program, so the answers are the same. Any other model is called as it
@@ -37,26 +41,37 @@ from typing import Callable
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_call_as_in_model
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed._compat import tf_fast_cond
+from keras_tpu_embed.export.compiled_model import CheckedProgram
 from keras_tpu_embed.export.compiled_model import NotWhole
-from keras_tpu_embed.export.compiled_model import checked_program
 from keras_tpu_embed.export.compiled_model import cut_at_lookups
+from keras_tpu_embed.export.serving_inputs import ensure_shape_in_program
+from keras_tpu_embed.export.serving_inputs import ensure_shapes
+from keras_tpu_embed.export.serving_inputs import ensure_signature_shape
+from keras_tpu_embed.lookup import returned_checks
 from keras_tpu_embed.lookup.fused_host import cut_rows
 from keras_tpu_embed.lookup.padded_host import bucket
 from keras_tpu_embed.preprocessing.ids import PADDING_ID
 from keras_tpu_embed.types import Tensor
 
 
-def joined_call(model: keras.Model) -> Callable[[Any], Any]:
+def joined_call(
+    model: keras.Model, pad_batches: bool = False, check_shapes: bool = False
+) -> Callable[[Any], Any]:
     """`model`'s serving call with every embedding layer's lookups in one
     program where the model allows it (see module doc), else the model's
     own call.
 
     Call it inside the export's serving mode (`serving.serving_lookups`),
-    with what the model takes, while tracing the serving function.
+    with what the model takes, while tracing the serving function. With
+    `check_shapes` (a signature's inputs), each input's declared shape is
+    checked: in the program for the inputs the lookups read
+    (`serving_inputs.ensure_shape_in_program`: at its compile, once per
+    shape), on the host for the others.
     """
 
     def plain(features: Any) -> Any:
+        if check_shapes:
+            features = ensure_shapes(features)
         return model(features, training=False)
 
     try:
@@ -68,28 +83,30 @@ def joined_call(model: keras.Model) -> Callable[[Any], Any]:
     if not lookups or not read <= {id(x) for x in inputs}:
         return plain
     used = [i for i, x in enumerate(inputs) if id(x) in read]
+    keys = [
+        "/".join(str(key) for key in path)
+        for path, _ in keras.tree.flatten_with_path(model.input)
+    ]
 
-    def lookups_on(flat: dict[int, Tensor]) -> list[Tensor]:
-        """Every layer's activations, flat, on the model's inputs `flat`
-        (by position)."""
-        values = {id(inputs[i]): value for i, value in flat.items()}
+    def lookups_on(values: list[Tensor]) -> list[Tensor]:
+        """Every layer's activations, flat, on the model's inputs that the
+        lookups read (`used`, in order)."""
+        if check_shapes:
+            values = [
+                ensure_shape_in_program(keys[i], value)
+                for i, value in zip(used, values)
+            ]
+        by_input = {id(inputs[i]): value for i, value in zip(used, values)}
         activations: list[Tensor] = []
         for layer in lookups:
             activations += tf.nest.flatten(
-                keras_call_as_in_model(layer, values, training=False)
+                keras_call_as_in_model(layer, by_input, training=False)
             )
+        if pad_batches:
+            _hand_one_batch_check(values)
         return activations
 
-    def joined(padded: list[Tensor]) -> tuple[list[Tensor], Tensor]:
-        """The activations, and whether the inputs share one batch size
-        (padded alike, they do only if their batches did): the cut takes
-        one batch size. XLA folds the comparison of its static shapes."""
-        sizes = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in padded])
-        return lookups_on(dict(zip(used, padded))), tf.reduce_all(
-            tf.equal(sizes, sizes[0])
-        )
-
-    program = checked_program(joined)
+    program = CheckedProgram(lookups_on)
 
     def call(features: Any) -> Any:
         flat = keras.tree.flatten(features)
@@ -97,27 +114,51 @@ def joined_call(model: keras.Model) -> Callable[[Any], Any]:
             _paddable(flat[i]) for i in used
         ):
             return plain(features)
-        batch = tf.shape(flat[used[0]], out_type=tf.int64)[0]
-        extra = bucket(batch) - batch
+        values = [flat[i] for i in used]
+        if pad_batches:
+            batch = tf.shape(values[0], out_type=tf.int64)[0]
+            values = _pad_rows(values, bucket(batch) - batch)
         try:
-            (values, one_batch), clear = program(
-                _pad_rows([flat[i] for i in used], extra)
-            )
+            served = program.asserted(values)
         except NotWhole:
             return plain(features)
-        start, step = tf.constant([0], tf.int64), tf.constant([1], tf.int64)
-        end = tf.reshape(batch, [1])
-        served = [cut_rows(value, start, end, step) for value in values]
-        # Not clear: the layers alone, whose lookups raise naming the
-        # feature, or answer inputs of other batch sizes each as its own.
-        chosen = tf_fast_cond(
-            tf.logical_and(clear, one_batch),
-            lambda: served,
-            lambda: lookups_on(dict(enumerate(flat))),
-        )
-        return rest(list(chosen) + flat, training=False)
+        if pad_batches:
+            start, step = tf.constant([0], tf.int64), tf.constant([1], tf.int64)
+            end = tf.reshape(batch, [1])
+            served = [cut_rows(value, start, end, step) for value in served]
+        if check_shapes:  # the inputs the program did not check
+            flat = [
+                value if i in used else ensure_signature_shape(keys[i], value)
+                for i, value in enumerate(flat)
+            ]
+        return rest(list(served) + flat, training=False)
 
     return call
+
+
+def _hand_one_batch_check(padded: list[Tensor]) -> None:
+    """Hands the check that `padded` (padded alike) share one batch size
+    to the program's collector: only inputs of one batch size pad to one
+    size, and the cut takes one. XLA folds the comparison of static
+    shapes."""
+    sizes = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in padded])
+    differing = tf.math.count_nonzero(
+        tf.not_equal(sizes, sizes[0]), dtype=tf.int64
+    )
+    handed = returned_checks.active()
+    if handed is not None:
+        handed.own(
+            returned_checks.Checks(
+                passed=tf.reshape(tf.equal(differing, 0), [1]),
+                evidence=tf.reshape(differing, [1]),
+                messages=(
+                    "export_saved_model(pad_batches=True) serves inputs of "
+                    "one batch size per call; export without pad_batches to "
+                    "serve each input at its own. Inputs whose batch size "
+                    "differs from the first's:",
+                ),
+            )
+        )
 
 
 def _paddable(value: Any) -> bool:

@@ -37,7 +37,6 @@ from keras_tpu_embed.export.quantization import quantize_rows
 from keras_tpu_embed.export.serving_inputs import as_batch_matrix
 from keras_tpu_embed.export.serving_inputs import cross_padding
 from keras_tpu_embed.export.serving_inputs import drop_padding
-from keras_tpu_embed.export.serving_inputs import ensure_signature_shape
 from keras_tpu_embed.export.serving_inputs import model_input_signature
 from keras_tpu_embed.export.serving_inputs import model_inputs
 from keras_tpu_embed.export.serving_inputs import raw_signature
@@ -92,6 +91,7 @@ def export_saved_model(
     inputs: str = "raw",
     verbose: bool = True,
     jit_compile: bool = False,
+    pad_batches: bool = False,
 ) -> str:
     """Writes a serving SavedModel of `model` to `path`.
 
@@ -129,16 +129,28 @@ def export_saved_model(
     Each layer's lookups run on its `serving_lookup_device` (or
     `lookup_device` for all): `"cpu"` for host lookups,
     `"tpu_tensor_core"` for the dense lookup compiled with XLA. Columns
-    without a serving choice serve on the CPU. On the CPU a batch is padded
-    and looked up by one compiled gather and combiner per column (for
-    dense ids, one program for all of a layer's columns, and, for dense
-    ids of declared widths, one for all the layers of a functional model
-    that calls each once on its own inputs, `export/joined_lookups.py`),
-    or, when padding
-    would cost more than it saves (one very long row), by sparse ops; both
-    give the same answer. Dense ids of a declared width of at most 64 are
-    always gathered as sent, as a `keras.layers.Embedding` does. Nothing is
-    truncated on the CPU.
+    without a serving choice serve on the CPU. There, dense ids of declared
+    widths (the `inputs="ids"` export of a functional model that calls
+    each embedding layer once on its own inputs) are looked up by one
+    compiled XLA program for every layer (`export/joined_lookups.py`),
+    which XLA compiles once per batch size served, as Keras' `jit_compile`
+    does: the first call at a new batch size waits for the compile (about
+    0.2 s for the 4-feature model of `benchmarks/`), later ones do not.
+    A server that sees every batch size from 1 to N compiles N programs:
+    batch to a few sizes (TF Serving's `allowed_batch_sizes`), or pass
+    `pad_batches=True`, which pads each call's batch to a power of two and
+    cuts the answer back (about log2(N) programs, one pad and one cut per
+    input per call). Other lookups on the CPU (raw features, ids of
+    undeclared width) are padded to a power of two and looked up by one
+    compiled gather and combiner per layer, or, when padding would cost
+    more than it saves (one very long row), by sparse ops; both give the
+    same answer. Dense ids of a declared width of at most 64 are always
+    gathered as sent, as a `keras.layers.Embedding` does. Nothing is
+    truncated on the CPU. Every id is checked in range and every weight
+    finite on every call, in the compiled program; one assertion after it
+    raises `tf.errors.InvalidArgumentError` naming the feature and the
+    largest id (or the weight feature and its count of NaN or inf
+    values).
 
     `table_dtype` stores the exported tables as `"float32"` (as trained),
     `"bfloat16"` or `"int8"` (uint8 codes with a float32 scale and offset
@@ -172,6 +184,11 @@ def export_saved_model(
         verbose: Print the signatures and output keys.
         jit_compile: Compile the layers after the embedding layers with
             XLA.
+        pad_batches: Pad each call's batch to a power of two before the
+            joined lookups' program (see above), so that XLA compiles
+            a handful of programs whatever batch sizes are served; the
+            inputs of one call must then share one batch size. Not with
+            `jit_compile`, whose program takes the whole model.
 
     Returns:
         The path written.
@@ -185,7 +202,8 @@ def export_saved_model(
             a column without `tensor_core_shape`; with `jit_compile`,
             where the lookups cannot join the program, a model that is not
             functional or an embedding layer nested in another layer or
-            called twice; layers XLA cannot compile.
+            called twice; layers XLA cannot compile; `pad_batches` with
+            `jit_compile`.
 
     Example:
 
@@ -222,23 +240,30 @@ def export_saved_model(
         lookup_device, "lookup_device", SUPPORTED_SERVING_DEVICES
     )
     check_table_dtype(table_dtype)
+    if pad_batches and jit_compile:
+        raise ValueError(
+            "pad_batches=True pads the batch of the embedding layers' "
+            "lookups, but jit_compile=True compiles the whole model as one "
+            "program, whose batch is never padded (a layer that mixes rows "
+            "would answer from the padding). Pass one or the other. "
+            "Received: pad_batches=True, jit_compile=True."
+        )
     path = os.fspath(path)
     signatures = {}
     with serving_lookups(model, device, table_dtype):
         # Inside: a layer that cannot serve at all says so first.
         if inputs == "raw" and preprocessor is None:
             preprocessor = preprocessor_from_columns(model)
-        call = _model_call(model, jit_compile)
+        call = _model_call(model, jit_compile, pad_batches, inputs == "ids")
         if preprocessor is not None:
             signatures = _raw_signatures(model, preprocessor, call)
         else:
             signature = model_input_signature(model)
 
             def serve_ids(features: dict[str, Tensor]) -> dict[str, Tensor]:
-                dense = {
-                    k: as_batch_matrix(k, ensure_signature_shape(k, v))
-                    for k, v in features.items()
-                }
+                # `call` checks each input's signature shape, in its
+                # compiled program where it has one.
+                dense = {k: as_batch_matrix(k, v) for k, v in features.items()}
                 return _output_dict(model, call(dense))
 
             signatures["serving_default"] = tf.function(
@@ -277,13 +302,17 @@ def export_saved_model(
     return path
 
 
-def _model_call(model: keras.Model, jit_compile: bool) -> Callable[[Any], Any]:
+def _model_call(
+    model: keras.Model, jit_compile: bool, pad_batches: bool, signature: bool
+) -> Callable[[Any], Any]:
     """The model's serving call: its lookups joined in one program where
     it allows (`joined_lookups.py`), or compiled with XLA (`jit_compile`,
-    `compiled_model.py`)."""
+    `compiled_model.py`). With `signature`, the call takes a signature's
+    inputs and checks each one's declared shape
+    (`serving_inputs.ensure_signature_shape`)."""
     if jit_compile:
-        return compiled_call(model)
-    return joined_call(model)
+        return compiled_call(model, signature)
+    return joined_call(model, pad_batches, signature)
 
 
 def _raw_signatures(

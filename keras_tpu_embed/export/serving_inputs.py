@@ -9,6 +9,7 @@ its own inputs, by name (`model_inputs`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from keras_tpu_embed._compat import keras
@@ -213,3 +214,27 @@ def ensure_signature_shape(key: str, value: Tensor) -> Tensor:
     # The op names the input in its error: "Shape of tensor {key} [...]".
     del key
     return tf.ensure_shape(value, value.shape)
+
+
+def ensure_shape_in_program(key: str, value: Tensor) -> Tensor:
+    """`ensure_signature_shape` inside an XLA program: XLA compiles a
+    program for the shapes it is called with, and the check runs at that
+    compile, so another shape is refused there (naming the feature), and
+    a call of the declared shape pays nothing."""
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", key)
+    if not re.match(r"[A-Za-z0-9.]", name):  # TensorFlow's op names
+        name = f"input{name}"
+    return tf.ensure_shape(tf.identity(value, name=name), value.shape)
+
+
+def ensure_shapes(features: Any, in_program: bool = False) -> Any:
+    """Every input of `features` (a signature's inputs, or those a model
+    takes) checked to have its static shape, named by its key:
+    `ensure_signature_shape`, or `ensure_shape_in_program` inside an XLA
+    program."""
+    check = ensure_shape_in_program if in_program else ensure_signature_shape
+    checked = [
+        check("/".join(str(key) for key in path), value)
+        for path, value in keras.tree.flatten_with_path(features)
+    ]
+    return keras.tree.pack_sequence_as(features, checked)

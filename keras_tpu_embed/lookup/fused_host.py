@@ -14,13 +14,14 @@ program:
   from a few ops for all columns at once; a width known at trace time is
   compiled as it is, an unknown one is padded to a power of two too;
 - in the program: the identity columns' `default_value` mapping, the
-  range check and the finite-weights check (as one flag per column, since
-  XLA has no assertions), then gather, `max_norm` and combiner as
-  `padded_host` computes them.
+  range check and the finite-weights check (as data, since XLA has no
+  assertions), then gather, `max_norm` and combiner as `padded_host`
+  computes them.
 
-Nothing is checked less: a call whose flags are not all clear is answered
-by the per-column path instead (`fallback`), which raises the same errors
-as before with the same messages. A column wider than
+Nothing is checked less: the program computes every column's checks as
+data and one `Assert` op outside it raises, naming the feature and the
+largest id (or the weight feature and its count of NaN or inf values),
+when one fails (`returned_checks.py`). A column wider than
 `ALWAYS_PADDED_WIDTH`, or of a width unknown at trace time, is checked
 per batch against `padded_host.PADDING_LIMIT`, and a batch over it takes
 the per-column path and its sparse branch (a mostly -1 `[512, 10000]`
@@ -41,7 +42,6 @@ from typing import Mapping
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed._compat import tf_fast_cond
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup import returned_checks
@@ -93,7 +93,8 @@ class FusedHostLookup:
 
     A `table_lookup.TableLookup` that serves only: asked to train, it
     raises `RuntimeError`. The one program is always XLA-compiled (that is
-    what it is for); `compiled` applies to the per-column fallback.
+    what it is for); `compiled` applies to the per-column path that a wide,
+    mostly padded batch takes.
     """
 
     def __init__(
@@ -155,8 +156,9 @@ def outputs(
     variables: Sequence[TableValues],
     fallback: Callable[[], dict[str, Tensor]],
 ) -> dict[str, Tensor]:
-    """Every column's activation: one program when the batch allows,
-    `fallback()` (the per-column path) when it does not or a check fails."""
+    """Every column's activation: one program when the batch allows (its
+    checks asserted after it), `fallback()` (the per-column path) when a
+    wide, mostly padded batch is better compacted."""
     plan = [
         (table, column, variable)
         for table, variable in zip(tables, variables)
@@ -196,6 +198,8 @@ def outputs(
     # of its own for each call without strides.
     start, step = tf.constant([0], tf.int64), tf.constant([1], tf.int64)
 
+    handed = returned_checks.active()
+
     def fused() -> dict[str, Tensor]:
         padded = [
             _pad(inputs, paddings, width, shape)
@@ -203,16 +207,26 @@ def outputs(
                 matrices, row_paddings, widths, shapes
             )
         ]
-        values, clear = _program(plan)(padded)
+        values, checks = _program(plan, fold=handed is None)(padded)
         served = {
             column.name: cut_rows(value, start, end, step)
             for column, value, end in zip(columns, values, ends)
         }
-        return answer_or_fallback(clear, served, fallback)
+        messages = check_messages(plan)
+        if handed is not None:  # the caller asserts outside its program
+            passed, evidence = checks
+            handed.handed.append(
+                returned_checks.Checks(passed, evidence, messages)
+            )
+        else:
+            clear, first, largest = checks
+            returned_checks.assert_clear(
+                returned_checks.Verdict(clear, first, largest), messages
+            )
+        return served
 
     if not fits:
         return fused()
-    handed = returned_checks.active()
     if handed is not None:
         handed.refused.append(
             "a dense input wider than ALWAYS_PADDED_WIDTH or of undeclared "
@@ -231,36 +245,6 @@ def cut_rows(value: Tensor, start: Tensor, end: Tensor, step: Tensor) -> Tensor:
     cut = tf.strided_slice(value, start, end, step)
     cut.set_shape([None] + value.shape[1:])
     return cut
-
-
-def answer_or_fallback(
-    clear: Tensor,
-    served: dict[str, Tensor],
-    fallback: Callable[[], dict[str, Tensor]],
-) -> dict[str, Tensor]:
-    """`served` when `clear`, else `fallback()` (which raises, naming the
-    feature, or answers a batch the program does not take).
-
-    One `If` op whose branch runs only when taken: `tf.cond` lowers to
-    Switch/Merge, and each call then walks the untaken per-column branch
-    (hundreds of ops) as dead nodes, measured at about 0.1 us an op per
-    call. Serving only: this cond is not differentiable.
-    """
-    handed = returned_checks.active()
-    if handed is not None:  # the caller checks outside its XLA program
-        handed.flags.append(clear)
-        return served
-    if tf.executing_eagerly():  # a layer called eagerly in serving mode
-        return served if bool(clear) else fallback()
-    names = sorted(served)
-
-    def in_order(values: dict[str, Tensor]) -> list[Tensor]:
-        return [values[name] for name in names]
-
-    chosen = tf_fast_cond(
-        clear, lambda: in_order(served), lambda: in_order(fallback())
-    )
-    return dict(zip(names, chosen))
 
 
 def _pad(
@@ -368,27 +352,59 @@ def _weights(
         return tf.identity(weights)
 
 
-def _program(
-    plan: list[tuple[TableSpec, AnyEmbeddingColumn, TableValues]],
-) -> Callable[[list[list[Tensor]]], tuple[list[Tensor], Tensor]]:
-    """One XLA computation: every column's lookup and one flag, true when
-    every id is in range and every weight finite."""
+Plan = list[tuple[TableSpec, AnyEmbeddingColumn, TableValues]]
 
-    def program(inputs: list[list[Tensor]]) -> tuple[list[Tensor], Tensor]:
+
+def check_messages(plan: Plan) -> tuple[str, ...]:
+    """The messages of the program's checks, in its order: per column, its
+    ids in range, then (weighted columns) its weights finite."""
+    messages = []
+    for table, column, _ in plan:
+        messages.append(
+            f"Feature '{column.feature_key}' (table '{table.name}') has ids "
+            f"outside the valid range [0, {table.vocabulary_size}); set a "
+            "default_value on an identity column to map them. Largest id:"
+        )
+        if column.weight_feature_key:
+            messages.append(
+                f"Weight feature '{column.weight_feature_key}' holds NaN or "
+                "inf values. How many:"
+            )
+    return tuple(messages)
+
+
+def _program(
+    plan: Plan, fold: bool
+) -> Callable[[list[list[Tensor]]], tuple[list[Tensor], tuple[Tensor, ...]]]:
+    """One XLA computation: every column's lookup, and its checks as data
+    (`check_messages` gives their order): a `returned_checks.Checks`'
+    `passed` and `evidence`, or with `fold` their `Verdict`, three scalars
+    for the caller's assertion."""
+
+    def program(
+        inputs: list[list[Tensor]],
+    ) -> tuple[list[Tensor], tuple[Tensor, ...]]:
         values = []
-        clear = []
+        passed = []
+        evidence = []
         for (table, column, variable), column_inputs in zip(plan, inputs):
             ids, weights = column_inputs[0], None
-            if len(column_inputs) > 1:
-                weights = column_inputs[1]
-                clear.append(tf.reduce_all(tf.math.is_finite(weights)))
             ids = map_to_default(
                 ids,
                 table.vocabulary_size,
                 identity_default(column),
                 keep_padding=True,
             )
-            clear.append(tf.reduce_all(ids < table.vocabulary_size))
+            largest = tf.reduce_max(tf.cast(ids, tf.int64))
+            passed.append(largest < table.vocabulary_size)
+            evidence.append(largest)
+            if len(column_inputs) > 1:
+                weights = column_inputs[1]
+                bad = tf.math.count_nonzero(
+                    tf.logical_not(tf.math.is_finite(weights)), dtype=tf.int64
+                )
+                passed.append(tf.equal(bad, 0))
+                evidence.append(bad)
             kept, factor = dense_xla.entry_factors(
                 ids, weights, column.combiner, prunes_weights(column)
             )
@@ -403,8 +419,16 @@ def _program(
                 )
             else:
                 values.append(dense_xla.pooled(rows, factor, column.combiner))
-        return values, tf.reduce_all(tf.stack(clear))
+        checks = returned_checks.Checks(
+            tf.stack(passed), tf.stack(evidence), ()
+        )
+        if fold:
+            verdict = returned_checks.verdict(checks)
+            return values, (verdict.clear, verdict.first, verdict.evidence)
+        return values, (checks.passed, checks.evidence)
 
-    compiled: Callable[[list[list[Tensor]]], tuple[list[Tensor], Tensor]]
+    compiled: Callable[
+        [list[list[Tensor]]], tuple[list[Tensor], tuple[Tensor, ...]]
+    ]
     compiled = tf.function(program, jit_compile=True, autograph=False)
     return compiled
