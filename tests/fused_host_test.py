@@ -91,8 +91,8 @@ def test_every_dense_column_serves_in_one_program(monkeypatch):
     runs = tf.Variable(0)
     original = fused_host._program
 
-    def recording(plan, fold):
-        program = original(plan, fold)
+    def recording(plan):
+        program = original(plan)
         programs.append(sorted(column.name for _, column, _ in plan))
 
         def run(inputs):
@@ -181,8 +181,8 @@ def _recorded_program_inputs(monkeypatch):
     shapes = []
     original = fused_host._program
 
-    def recording(plan, fold):
-        program = original(plan, fold)
+    def recording(plan):
+        program = original(plan)
 
         def run(inputs):
             shapes.append([[tuple(x.shape) for x in xs] for xs in inputs])

@@ -32,7 +32,7 @@ def test_the_fused_lookup_hands_its_checks_and_branches_on_nothing():
     (handed,) = checks.handed
     assert len(handed.messages) == 1 and "Feature 'a'" in handed.messages[0]
     # Handed over, not acted on: no branch and no assertion in the graph.
-    graph = handed.passed.graph
+    graph = handed.worst.graph
     types = {op.type for op in graph.get_operations()}
     assert not types & {"If", "StatelessIf", "Assert"}
 
@@ -53,10 +53,18 @@ def test_a_width_checked_per_batch_refuses():
     assert checks.refused and not checks.complete
 
 
-def _three_checks(passed):
+def _three_checks(passed, built=None):
+    """Three checks; `built` counts the calls of their details."""
+
+    def details():
+        if built is not None:
+            built.append(1)
+        return tf.constant(passed), tf.constant([4, 7, 9], tf.int64)
+
+    worst = 0 if not all(passed) else -1
     return Checks(
-        passed=tf.constant(passed),
-        evidence=tf.constant([4, 7, 9], tf.int64),
+        worst=tf.constant(worst, tf.int64),
+        details=details,
         messages=("first in range:", "second in range:", "third finite:"),
     )
 
@@ -65,7 +73,7 @@ def _three_checks(passed):
 def test_the_assertion_names_the_first_failed_check_and_its_value(traced):
     def check(passed):
         every = _three_checks(passed)
-        verdict = returned_checks.verdict(every)
+        verdict = returned_checks.verdict([every])
         returned_checks.assert_clear(verdict, every.messages)
         return verdict.clear
 
@@ -78,11 +86,27 @@ def test_the_assertion_names_the_first_failed_check_and_its_value(traced):
     assert "third" not in str(raised.value)
 
 
-def test_checks_of_several_lookups_are_gathered_in_order():
-    both = returned_checks.gathered(
-        [_three_checks([True, True, True]), _three_checks([True, True, False])]
-    )
-    assert len(both.messages) == 6
+def test_checks_of_several_lookups_are_counted_in_order():
+    both = [_three_checks([True] * 3), _three_checks([True, True, False])]
+    assert len(returned_checks.messages_of(both)) == 6
     verdict = returned_checks.verdict(both)
     assert not bool(verdict.clear)
     assert int(verdict.first) == 5 and int(verdict.evidence) == 9
+
+
+def test_details_are_built_only_when_a_check_failed():
+    built = []
+    verdict = returned_checks.verdict([_three_checks([True] * 3, built)])
+    assert bool(verdict.clear) and not built
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+def test_the_worst_of_checks_per_example(compiled):
+    worst = returned_checks.worst_of
+    if compiled:
+        worst = tf.function(worst, jit_compile=True)
+    one = tf.constant([-3, -1], tf.int64)
+    assert int(worst([one, tf.constant([-2, 4], tf.int64)])) == 4
+    # Checks of other batch sizes (a longer one failing at its end).
+    assert int(worst([one, tf.constant([-2, -5, 6], tf.int64)])) == 6
+    assert int(worst([one, tf.constant([-2, -5, -6], tf.int64)])) == -1

@@ -41,7 +41,7 @@ from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.lookup.returned_checks import Verdict
 from keras_tpu_embed.lookup.returned_checks import assert_clear
-from keras_tpu_embed.lookup.returned_checks import gathered
+from keras_tpu_embed.lookup.returned_checks import messages_of
 from keras_tpu_embed.lookup.returned_checks import returned_checks
 from keras_tpu_embed.lookup.returned_checks import verdict
 from keras_tpu_embed.types import Tensor
@@ -122,9 +122,8 @@ class CheckedProgram:
         if not checks.handed:
             self.messages = ()
             return outputs, ()
-        every = gathered(checks.handed)
-        self.messages = every.messages
-        folded = verdict(every)
+        self.messages = messages_of(checks.handed)
+        folded = verdict(checks.handed)
         return outputs, (folded.clear, folded.first, folded.evidence)
 
     def __call__(self, features: Any) -> tuple[Any, Verdict | None]:

@@ -149,8 +149,11 @@ def _hand_one_batch_check(padded: list[Tensor]) -> None:
     if handed is not None:
         handed.own(
             returned_checks.Checks(
-                passed=tf.reshape(tf.equal(differing, 0), [1]),
-                evidence=tf.reshape(differing, [1]),
+                worst=differing - 1,
+                details=lambda: (
+                    tf.reshape(tf.equal(differing, 0), [1]),
+                    tf.reshape(differing, [1]),
+                ),
                 messages=(
                     "export_saved_model(pad_batches=True) serves inputs of "
                     "one batch size per call; export without pad_batches to "

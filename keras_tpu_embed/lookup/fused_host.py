@@ -36,6 +36,8 @@ the per-column path (`applies` says which calls are fused).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 from typing import Callable
 from typing import Mapping
@@ -207,23 +209,20 @@ def outputs(
                 matrices, row_paddings, widths, shapes
             )
         ]
-        values, checks = _program(plan, fold=handed is None)(padded)
-        served = {
-            column.name: cut_rows(value, start, end, step)
-            for column, value, end in zip(columns, values, ends)
-        }
         messages = check_messages(plan)
-        if handed is not None:  # the caller asserts outside its program
-            passed, evidence = checks
-            handed.handed.append(
-                returned_checks.Checks(passed, evidence, messages)
-            )
+        if handed is not None:  # traced in the caller's program, which
+            # asserts the checks outside it
+            values, checks = _lookups(plan)(padded)
+            handed.handed.append(dataclasses.replace(checks, messages=messages))
         else:
-            clear, first, largest = checks
+            values, (clear, first, largest) = _program(plan)(padded)
             returned_checks.assert_clear(
                 returned_checks.Verdict(clear, first, largest), messages
             )
-        return served
+        return {
+            column.name: cut_rows(value, start, end, step)
+            for column, value, end in zip(columns, values, ends)
+        }
 
     if not fits:
         return fused()
@@ -373,38 +372,39 @@ def check_messages(plan: Plan) -> tuple[str, ...]:
     return tuple(messages)
 
 
-def _program(
-    plan: Plan, fold: bool
-) -> Callable[[list[list[Tensor]]], tuple[list[Tensor], tuple[Tensor, ...]]]:
-    """One XLA computation: every column's lookup, and its checks as data
-    (`check_messages` gives their order): a `returned_checks.Checks`'
-    `passed` and `evidence`, or with `fold` their `Verdict`, three scalars
-    for the caller's assertion."""
+Checked = tuple[list[Tensor], returned_checks.Checks]
 
-    def program(
-        inputs: list[list[Tensor]],
-    ) -> tuple[list[Tensor], tuple[Tensor, ...]]:
+
+def _lookups(plan: Plan) -> Callable[[list[list[Tensor]]], Checked]:
+    """Every column's lookup and its checks as data (`check_messages`
+    gives their order), to trace inside an XLA program (`_program`, or a
+    caller's under `returned_checks()`)."""
+
+    def lookups(inputs: list[list[Tensor]]) -> Checked:
         values = []
-        passed = []
-        evidence = []
+        per_example = []  # negative where an example passes
+        detailed = []  # per check: passed and its value, built on failure
         for (table, column, variable), column_inputs in zip(plan, inputs):
             ids, weights = column_inputs[0], None
-            ids = map_to_default(
-                ids,
-                table.vocabulary_size,
-                identity_default(column),
-                keep_padding=True,
+            ids = tf.cast(
+                map_to_default(
+                    ids,
+                    table.vocabulary_size,
+                    identity_default(column),
+                    keep_padding=True,
+                ),
+                tf.int64,
             )
-            largest = tf.reduce_max(tf.cast(ids, tf.int64))
-            passed.append(largest < table.vocabulary_size)
-            evidence.append(largest)
+            size = table.vocabulary_size
+            per_example.append(tf.reduce_max(ids, axis=1) - size)
+            detailed.append(functools.partial(_largest_below, ids, size))
             if len(column_inputs) > 1:
                 weights = column_inputs[1]
-                bad = tf.math.count_nonzero(
-                    tf.logical_not(tf.math.is_finite(weights)), dtype=tf.int64
+                broken = tf.logical_not(tf.math.is_finite(weights))
+                per_example.append(
+                    tf.cast(tf.reduce_any(broken, axis=1), tf.int64) - 1
                 )
-                passed.append(tf.equal(bad, 0))
-                evidence.append(bad)
+                detailed.append(functools.partial(_none_of, broken))
             kept, factor = dense_xla.entry_factors(
                 ids, weights, column.combiner, prunes_weights(column)
             )
@@ -419,13 +419,41 @@ def _program(
                 )
             else:
                 values.append(dense_xla.pooled(rows, factor, column.combiner))
-        checks = returned_checks.Checks(
-            tf.stack(passed), tf.stack(evidence), ()
-        )
-        if fold:
-            verdict = returned_checks.verdict(checks)
-            return values, (verdict.clear, verdict.first, verdict.evidence)
-        return values, (checks.passed, checks.evidence)
+
+        def details() -> tuple[Tensor, Tensor]:
+            passed, evidence = zip(*(check() for check in detailed))
+            return tf.stack(passed), tf.stack(evidence)
+
+        worst = returned_checks.worst_of(per_example)
+        return values, returned_checks.Checks(worst, details, ())
+
+    return lookups
+
+
+def _largest_below(ids: Tensor, size: int) -> tuple[Tensor, Tensor]:
+    """Whether every id is below `size`, and the largest."""
+    largest = tf.reduce_max(ids)
+    return largest < size, largest
+
+
+def _none_of(broken: Tensor) -> tuple[Tensor, Tensor]:
+    """Whether no weight is NaN or inf, and how many are."""
+    count = tf.math.count_nonzero(broken, dtype=tf.int64)
+    return tf.equal(count, 0), count
+
+
+def _program(
+    plan: Plan,
+) -> Callable[[list[list[Tensor]]], tuple[list[Tensor], tuple[Tensor, ...]]]:
+    """`_lookups` as one XLA program returning the activations and the
+    `Verdict` of their checks (three scalars) for the caller's assertion."""
+
+    def program(
+        inputs: list[list[Tensor]],
+    ) -> tuple[list[Tensor], tuple[Tensor, ...]]:
+        values, checks = _lookups(plan)(inputs)
+        verdict = returned_checks.verdict([checks])
+        return values, (verdict.clear, verdict.first, verdict.evidence)
 
     compiled: Callable[
         [list[list[Tensor]]], tuple[list[Tensor], tuple[Tensor, ...]]

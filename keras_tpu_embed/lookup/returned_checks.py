@@ -1,22 +1,26 @@
 """Checks computed inside an XLA program and asserted outside it.
 
 XLA drops assertions, so the fused serving lookup (`fused_host.py`) cannot
-raise from inside its compiled program. Instead the program computes each
-check as data: per check, whether it passed and one value that shows why
-not (the largest id of a column, the count of a weight feature's NaN or
-inf values), beside a message fixed at trace time. The program reduces
-them to a `Verdict` (every check passed; the first that did not, and its
-value), and one `Assert` op outside the program raises with that check's
-message when the verdict is not clear. A served call pays one assertion,
-not a branch: an `If` runs its branch as a function call on every call
-(W1's default export at batch 64: about a tenth of the call, measured in
-`benchmarks/`), and a lowered `tf.cond` walks its untaken branch.
+raise from inside its compiled program. Instead the program computes its
+checks as data, and one `Assert` op outside the program raises with the
+first failed check's message (fixed at trace time) and its value (the
+largest id of a column, the count of a weight feature's NaN or inf
+values). A served call pays one assertion, not a branch: an `If` runs its
+branch as a function call on every call (W1's default export at batch 64:
+about a tenth of the call, measured in `benchmarks/`), and a lowered
+`tf.cond` walks its untaken branch.
+
+A call whose checks pass pays one reduction for all of them (`Checks.
+worst`): XLA runs each reduction as a task of its own, and one per check
+(26 for the Criteo-shaped W4) cost more than its gathers at batch 1. Which
+check failed, and its value, is computed only when one did, in a
+conditional inside the program (`verdict`).
 
 Under `returned_checks()`, a lookup traced inside a larger program (the
 export's joined lookups, or a whole model under `jit_compile=True`,
-`export/`) hands its checks to the collector instead of reducing them; the
-caller folds every lookup's checks into one verdict at the end of its
-program (`verdict`) and asserts it outside (`assert_clear`).
+`export/`) hands its checks to the collector instead; the caller folds
+every lookup's checks into one verdict at the end of its program and
+asserts it outside (`assert_clear`).
 
 A lookup that cannot hand its checks over (a column whose padding is
 checked per batch) marks the collector `refused`; lookups of other paths
@@ -29,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+from typing import Callable
 from typing import Iterator
 from typing import Sequence
 
@@ -38,17 +44,19 @@ from keras_tpu_embed.types import Tensor
 
 @dataclasses.dataclass(frozen=True)
 class Checks:
-    """Checks computed in a program, `k` of them.
+    """Checks computed in a program, one per message.
 
     Attributes:
-        passed: bool `[k]`, whether each check passed.
-        evidence: int64 `[k]`, each check's value that shows why it did
-            not (meaningless when it did).
+        worst: int64 scalar, negative when every check passed
+            (`worst_of`).
+        details: builds, where it is called, bool `[k]` (whether each
+            check passed) and int64 `[k]` (each one's value that shows why
+            not); `verdict` calls it only when `worst` is not negative.
         messages: the `k` messages, each ending where its value is shown.
     """
 
-    passed: Tensor
-    evidence: Tensor
+    worst: Tensor
+    details: Callable[[], tuple[Tensor, Tensor]]
     messages: tuple[str, ...]
 
 
@@ -62,26 +70,48 @@ class Verdict:
     evidence: Tensor
 
 
-def gathered(checks: Sequence[Checks]) -> Checks:
-    """Several lookups' checks as one `Checks`, in order."""
-    if len(checks) == 1:
-        return checks[0]
-    return Checks(
-        passed=tf.concat([c.passed for c in checks], 0),
-        evidence=tf.concat([c.evidence for c in checks], 0),
-        messages=tuple(m for c in checks for m in c.messages),
-    )
+def worst_of(per_example: Sequence[Tensor]) -> Tensor:
+    """One int64 scalar for checks given per example (`[batch]` each,
+    negative where the example passes): negative when all pass.
+
+    One element-wise maximum and one reduction: a reduction per check, or
+    of their concatenation (which XLA splits back into one per piece),
+    runs as a task of its own each. Inputs of other batch sizes are padded
+    with passes to the longest first; XLA knows the sizes when it
+    compiles, so inputs of one batch size pad by nothing.
+    """
+    longest = tf.reduce_max(tf.stack([tf.size(v) for v in per_example]))
+    padded = [
+        tf.pad(v, [[0, longest - tf.size(v)]], constant_values=-1)
+        for v in per_example
+    ]
+    return tf.reduce_max(functools.reduce(tf.maximum, padded))
 
 
-def verdict(checks: Checks) -> Verdict:
-    """The `Verdict` of `checks`, computed where they are (in the program:
-    three scalars leave it, not `k` flags)."""
-    first = tf.argmin(tf.cast(checks.passed, tf.int32), output_type=tf.int32)
-    return Verdict(
-        clear=tf.reduce_all(checks.passed),
-        first=first,
-        evidence=tf.gather(checks.evidence, first),
-    )
+def verdict(checks: Sequence[Checks]) -> Verdict:
+    """The `Verdict` of every lookup's `checks`, computed where they are
+    (in the program: three scalars leave it). When all pass, the details
+    are not computed (an XLA conditional inside a compiled program)."""
+    worsts = [c.worst for c in checks]
+    worst = worsts[0] if len(worsts) == 1 else tf.reduce_max(tf.stack(worsts))
+    clear = worst < 0
+
+    def passed_all() -> tuple[Tensor, Tensor]:
+        return tf.constant(0, tf.int32), tf.constant(0, tf.int64)
+
+    def first_failed() -> tuple[Tensor, Tensor]:
+        passed, evidence = zip(*(c.details() for c in checks))
+        every = tf.concat(passed, 0)
+        first = tf.argmin(tf.cast(every, tf.int32), output_type=tf.int32)
+        return first, tf.gather(tf.concat(evidence, 0), first)
+
+    first, evidence = tf.cond(clear, passed_all, first_failed)
+    return Verdict(clear=clear, first=first, evidence=evidence)
+
+
+def messages_of(checks: Sequence[Checks]) -> tuple[str, ...]:
+    """Every lookup's messages, in the order `verdict` counts them."""
+    return tuple(m for c in checks for m in c.messages)
 
 
 def assert_clear(verdict: Verdict, messages: Sequence[str]) -> Tensor | None:
@@ -93,13 +123,15 @@ def assert_clear(verdict: Verdict, messages: Sequence[str]) -> Tensor | None:
     Example:
 
     >>> checks = Checks(
-    ...     passed=tf.constant([True, False]),
-    ...     evidence=tf.constant([0, 12], tf.int64),
+    ...     worst=tf.constant(2, tf.int64),
+    ...     details=lambda: (
+    ...         tf.constant([True, False]), tf.constant([0, 12], tf.int64)
+    ...     ),
     ...     messages=("a fine.", "Feature b has ids outside [0, 10). "
     ...               "Largest id:"),
     ... )
     >>> try:
-    ...     assert_clear(verdict(checks), checks.messages)
+    ...     assert_clear(verdict([checks]), checks.messages)
     ... except tf.errors.InvalidArgumentError as e:
     ...     print(e.message.split("assertion failed: ")[1].split(" [Op")[0])
     [Feature b has ids outside [0, 10). Largest id:] [12]
