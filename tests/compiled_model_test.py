@@ -55,30 +55,6 @@ def _features(batch, seed=0):
     }
 
 
-def _xla_programs(serve):
-    """Per XLA-compiled function of a loaded signature, the op types it
-    runs, those of the functions it calls included."""
-    library = {
-        f.signature.name: f for f in serve.graph.as_graph_def().library.function
-    }
-
-    def reached(name, seen):
-        ops = set()
-        for node in library[name].node_def:
-            ops.add(node.op)
-            called = node.attr["f"].func.name if "f" in node.attr else ""
-            if called in library and called not in seen:
-                seen.add(called)
-                ops |= reached(called, seen)
-        return ops
-
-    return {
-        name: reached(name, {name})
-        for name, f in library.items()
-        if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b
-    }
-
-
 def test_the_whole_model_is_one_program_with_the_same_answer(tmp_path):
     model = _dlrm_like()
     kte.export_saved_model(
@@ -91,7 +67,9 @@ def test_the_whole_model_is_one_program_with_the_same_answer(tmp_path):
         got = serve(**features)["score"].numpy()
         np.testing.assert_allclose(got, want, atol=1e-5)
     # One program holds every Dense layer and the lookups' gathers.
-    dense = [ops for ops in _xla_programs(serve).values() if "MatMul" in ops]
+    dense = [
+        ops for ops in testing.xla_programs(serve).values() if "MatMul" in ops
+    ]
     assert len(dense) == 1
     assert "ResourceGather" in dense[0]
 
@@ -105,7 +83,9 @@ def _assert_lookups_apart(path, model, features):
         model(features, training=False).numpy(),
         atol=1e-5,
     )
-    dense = [ops for ops in _xla_programs(serve).values() if "MatMul" in ops]
+    dense = [
+        ops for ops in testing.xla_programs(serve).values() if "MatMul" in ops
+    ]
     assert len(dense) == 1
     assert "ResourceGather" not in dense[0]
     return serve

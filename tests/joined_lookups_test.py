@@ -118,6 +118,16 @@ def test_a_served_call_runs_no_branch_and_no_padding(tmp_path):
     assert not ops & BRANCHES_AND_PADDING
 
 
+def test_the_program_looks_up_the_batch_as_it_comes(tmp_path):
+    # XLA compiles it per batch size: padding inside it to a power of two
+    # only gathered padding (a batch of 100 looked up 128).
+    (program,) = testing.xla_programs(_export(_model(), tmp_path)).values()
+    assert "ResourceGather" in program
+    # The power of two a batch rounds up to is one search (padded_host.
+    # bucket): no batch is rounded.
+    assert "LowerBound" not in program
+
+
 def test_an_id_out_of_range_still_names_its_feature(tmp_path):
     serve = _export(_model(), tmp_path)
     bad = dict(_features(3), tags=tf.constant([[1, 30]] * 3, tf.int64))

@@ -450,3 +450,27 @@ def host_op_types(serve):
         return types
 
     return reached(serve.graph.as_graph_def().node, set())
+
+
+def xla_programs(serve):
+    """Per XLA-compiled function of a loaded signature `serve`, the op
+    types it runs, those of the functions it calls included."""
+    library = {
+        f.signature.name: f for f in serve.graph.as_graph_def().library.function
+    }
+
+    def reached(name, seen):
+        ops = set()
+        for node in library[name].node_def:
+            ops.add(node.op)
+            called = node.attr["f"].func.name if "f" in node.attr else ""
+            if called in library and called not in seen:
+                seen.add(called)
+                ops |= reached(called, seen)
+        return ops
+
+    return {
+        name: reached(name, {name})
+        for name, f in library.items()
+        if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b
+    }

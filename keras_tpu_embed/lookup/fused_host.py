@@ -29,6 +29,12 @@ batch is compacted, not gathered whole). Calls that pass give the
 per-column path's answers: the same ops on the same ids, only compiled
 together (to float rounding of the sums' order where the widths differ).
 
+Traced inside a caller's XLA program (the export's joined lookups, a
+model under `jit_compile=True`: `returned_checks()` is active), the
+lookups take the ids as they come, with no padding and no program of
+their own: XLA compiles the caller's program for the shapes it is called
+with, and the checks go to the caller.
+
 Sequence lengths (`return_sequence_lengths`) and ragged or sparse ids keep
 the per-column path (`applies` says which calls are fused).
 `FusedHostLookup` is this lookup as a `table_lookup.TableLookup`.
@@ -168,6 +174,9 @@ def outputs(
     ]
     columns = [column for _, column, _ in plan]
     matrices = [_matrices(column, features) for column in columns]
+    handed = returned_checks.active()
+    if handed is not None:
+        return _in_callers_program(plan, matrices, handed, fallback)
     # Host ops, not XLA, dominate a small batch: every column's shape,
     # bucket, padding and cut come from one op each for all columns.
     shapes = tf.shape_n([m[0] for m in matrices], out_type=tf.int64)
@@ -200,8 +209,6 @@ def outputs(
     # of its own for each call without strides.
     start, step = tf.constant([0], tf.int64), tf.constant([1], tf.int64)
 
-    handed = returned_checks.active()
-
     def fused() -> dict[str, Tensor]:
         padded = [
             _pad(inputs, paddings, width, shape)
@@ -209,16 +216,10 @@ def outputs(
                 matrices, row_paddings, widths, shapes
             )
         ]
-        messages = check_messages(plan)
-        if handed is not None:  # traced in the caller's program, which
-            # asserts the checks outside it
-            values, checks = _lookups(plan)(padded)
-            handed.handed.append(dataclasses.replace(checks, messages=messages))
-        else:
-            values, (clear, first, largest) = _program(plan)(padded)
-            returned_checks.assert_clear(
-                returned_checks.Verdict(clear, first, largest), messages
-            )
+        values, (clear, first, largest) = _program(plan)(padded)
+        returned_checks.assert_clear(
+            returned_checks.Verdict(clear, first, largest), check_messages(plan)
+        )
         return {
             column.name: cut_rows(value, start, end, step)
             for column, value, end in zip(columns, values, ends)
@@ -226,15 +227,35 @@ def outputs(
 
     if not fits:
         return fused()
-    if handed is not None:
-        handed.refused.append(
-            "a dense input wider than ALWAYS_PADDED_WIDTH or of undeclared "
-            f"width, among {[c.name for c in columns]}"
-        )
     chosen: dict[str, Tensor] = tf.cond(
         tf.reduce_all(tf.stack(fits)), fused, fallback
     )
     return chosen
+
+
+def _in_callers_program(
+    plan: Plan,
+    matrices: list[list[Tensor]],
+    handed: returned_checks.ReturnedChecks,
+    fallback: Callable[[], dict[str, Tensor]],
+) -> dict[str, Tensor]:
+    """The lookups traced inside a caller's XLA program (under
+    `returned_checks()`): on the ids as they come, since XLA compiles that
+    program for the shapes it is called with (padding there would only
+    gather padding), their checks handed to the caller. A width checked
+    per batch cannot be: the caller is told (`refused`)."""
+    columns = [column for _, column, _ in plan]
+    if any(_needs_padding_check(c, m[0]) for c, m in zip(columns, matrices)):
+        handed.refused.append(
+            "a dense input wider than ALWAYS_PADDED_WIDTH or of undeclared "
+            f"width, among {[c.name for c in columns]}"
+        )
+        return fallback()
+    values, checks = _lookups(plan)(matrices)
+    handed.handed.append(
+        dataclasses.replace(checks, messages=check_messages(plan))
+    )
+    return {column.name: value for column, value in zip(columns, values)}
 
 
 def cut_rows(value: Tensor, start: Tensor, end: Tensor, step: Tensor) -> Tensor:
