@@ -93,9 +93,7 @@ def _export(model, path, **kwargs):
     return tf.saved_model.load(str(path)).signatures["serving_default"]
 
 
-def test_every_layers_lookups_are_one_program_with_the_same_answer(tmp_path):
-    model = _model()
-    serve = _export(model, tmp_path)
+def _assert_one_program_with_the_models_answer(model, serve):
     assert _programs_per_call(serve) == 1
     for batch in (1, 3, 64):
         features = _features(batch, seed=batch)
@@ -104,6 +102,11 @@ def test_every_layers_lookups_are_one_program_with_the_same_answer(tmp_path):
             model(features, training=False).numpy(),
             atol=1e-6,
         )
+
+
+def test_every_layers_lookups_are_one_program_with_the_same_answer(tmp_path):
+    model = _model()
+    _assert_one_program_with_the_models_answer(model, _export(model, tmp_path))
 
 
 BRANCHES_AND_PADDING = {"If", "StatelessIf", "Switch", "Merge", "Pad", "PadV2"}
@@ -232,15 +235,8 @@ def test_inputs_of_other_batch_sizes_each_keep_their_rows(tmp_path):
 def test_pad_batches_pads_to_powers_of_two_with_the_same_answer(tmp_path):
     model = _model()
     serve = _export(model, tmp_path, pad_batches=True)
-    assert _programs_per_call(serve) == 1
     assert {"PadV2", "StridedSlice"} <= testing.host_op_types(serve)
-    for batch in (1, 3, 64):
-        features = _features(batch, seed=batch)
-        np.testing.assert_allclose(
-            serve(**features)["score"].numpy(),
-            model(features, training=False).numpy(),
-            atol=1e-6,
-        )
+    _assert_one_program_with_the_models_answer(model, serve)
     bad = dict(_features(3), tags=tf.constant([[1, 30]] * 3, tf.int64))
     with pytest.raises(tf.errors.InvalidArgumentError, match="Largest id"):
         serve(**bad)
