@@ -47,6 +47,7 @@ from keras_tpu_embed.export.compiled_model import cut_at_lookups
 from keras_tpu_embed.export.serving_inputs import ensure_shape_in_program
 from keras_tpu_embed.export.serving_inputs import ensure_shapes
 from keras_tpu_embed.export.serving_inputs import ensure_signature_shape
+from keras_tpu_embed.export.serving_inputs import input_keys
 from keras_tpu_embed.lookup import returned_checks
 from keras_tpu_embed.lookup.fused_host import cut_rows
 from keras_tpu_embed.lookup.padded_host import bucket
@@ -83,10 +84,7 @@ def joined_call(
     if not lookups or not read <= {id(x) for x in inputs}:
         return plain
     used = [i for i, x in enumerate(inputs) if id(x) in read]
-    keys = [
-        "/".join(str(key) for key in path)
-        for path, _ in keras.tree.flatten_with_path(model.input)
-    ]
+    keys = input_keys(model.input)
 
     def lookups_on(values: list[Tensor]) -> list[Tensor]:
         """Every layer's activations, flat, on the model's inputs that the

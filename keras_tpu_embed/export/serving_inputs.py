@@ -233,8 +233,15 @@ def ensure_shapes(features: Any, in_program: bool = False) -> Any:
     `ensure_signature_shape`, or `ensure_shape_in_program` inside an XLA
     program."""
     check = ensure_shape_in_program if in_program else ensure_signature_shape
-    checked = [
-        check("/".join(str(key) for key in path), value)
-        for path, value in keras.tree.flatten_with_path(features)
-    ]
+    flat = keras.tree.flatten(features)
+    checked = [check(key, v) for key, v in zip(input_keys(features), flat)]
     return keras.tree.pack_sequence_as(features, checked)
+
+
+def input_keys(structure: Any) -> list[str]:
+    """The key of each input of `structure` (a dict, or a nest of them) in
+    flattening order: its path, joined by "/"."""
+    return [
+        "/".join(str(key) for key in path)
+        for path, _ in keras.tree.flatten_with_path(structure)
+    ]

@@ -56,6 +56,7 @@ from keras_tpu_embed.lookup import returned_checks
 from keras_tpu_embed.lookup.padded_host import PADDING_LIMIT
 from keras_tpu_embed.lookup.padded_host import PaddedHostLookup
 from keras_tpu_embed.lookup.padded_host import bucket
+from keras_tpu_embed.lookup.padded_host import out_of_range_message
 from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
 from keras_tpu_embed.lookup.table_lookup import ScratchVariable
 from keras_tpu_embed.lookup.table_lookup import TableValues
@@ -380,11 +381,7 @@ def check_messages(plan: Plan) -> tuple[str, ...]:
     ids in range, then (weighted columns) its weights finite."""
     messages = []
     for table, column, _ in plan:
-        messages.append(
-            f"Feature '{column.feature_key}' (table '{table.name}') has ids "
-            f"outside the valid range [0, {table.vocabulary_size}); set a "
-            "default_value on an identity column to map them. Largest id:"
-        )
+        messages.append(f"{out_of_range_message(table, column)} Largest id:")
         if column.weight_feature_key:
             messages.append(
                 f"Weight feature '{column.weight_feature_key}' holds NaN or "

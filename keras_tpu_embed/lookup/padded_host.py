@@ -290,11 +290,16 @@ def _valid_ids(
         keep_padding=keep_padding,
     )
     return ids_below(
-        ids,
-        table.vocabulary_size,
+        ids, table.vocabulary_size, out_of_range_message(table, column)
+    )
+
+
+def out_of_range_message(table: TableSpec, column: AnyEmbeddingColumn) -> str:
+    """What a column's ids outside its table say, on every serving path."""
+    return (
         f"Feature '{column.feature_key}' (table '{table.name}') has ids "
         f"outside the valid range [0, {table.vocabulary_size}); set a "
-        "default_value on an identity column to map them.",
+        "default_value on an identity column to map them."
     )
 
 
