@@ -37,6 +37,7 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover
         "KERAS_BACKEND=tensorflow before the first `import keras`."
     )
 
+import keras.src.backend.tensorflow.core  # noqa: E402
 from keras.src.backend.common.stateless_scope import (  # noqa: E402
     in_stateless_scope as keras_in_stateless_scope,
 )
@@ -87,6 +88,7 @@ from tensorflow.python.ops import (  # noqa: E402
 from tensorflow.python.ops.cond_v2 import fast_cond_v2 as tf_fast_cond  # noqa: E402
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_feature_column_v2  # noqa: E402
 from tensorflow.python.tpu import tpu as tf_tpu  # noqa: E402
+from tensorflow.python.tpu import tpu_embedding_v2 as tf_tpu_embedding_v2  # noqa: E402
 from tensorflow.python.tpu import tpu_embedding_v3 as tf_tpu_embedding_v3  # noqa: E402
 from tensorflow.python.tpu import (  # noqa: E402
     tpu_embedding_v3_utils as tf_tpu_embedding_v3_utils,
@@ -98,6 +100,9 @@ from tensorflow.python.tpu import tpu_replication as tf_tpu_replication  # noqa:
 from tensorflow.python.tpu.ops import gen_xla_ops as tf_gen_xla_ops  # noqa: E402
 from tensorflow.python.tpu.ops import tpu_ops as tf_tpu_ops  # noqa: E402
 from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
+    SaveableObject as SaveableObject,
+)
+from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
     SaveSpec as TFSaveSpec,
 )
 from tensorflow.python.util import nest as tf_nest  # noqa: E402
@@ -106,6 +111,42 @@ from tensorflow.python.util import nest as tf_nest  # noqa: E402
 # (`_serialize_to_tensors` / `_restore_from_tensors`): only TF's internal
 # namespace exports the base class.
 Trackable: Any = tf.__internal__.tracking.Trackable
+
+
+def _restore_keras_variables_in_traced_restores() -> None:
+    """Lets a Keras variable restore a tensor of unknown shape.
+
+    TF traces a checkpoint restore whose tensors live on several tasks
+    (`functional_saver.MultiDeviceSaver.restore`: a pod's hosts each read
+    their own shards), and a traced `RestoreV2` gives tensors of unknown
+    rank. Keras' TF variable restores a distributed value (a mirrored
+    variable has no `_restore_from_tensors` of its own) through `assign`,
+    whose shape check (`shape_equal`) takes the length of that unknown
+    shape: "Cannot take the length of shape with unknown rank"
+    (`keras/src/backend/tensorflow/core.py`, `Variable.
+    _restore_from_tensors`). So `tf.train.Checkpoint(model=...).read` of
+    any Keras model beside per-host shards failed on a pod. The restored
+    tensor is given the variable's static shape first; a tensor of another
+    shape fails TF's own check at run time, naming both.
+    """
+    variable_class = keras.src.backend.tensorflow.core.Variable
+    keras_restore = variable_class._restore_from_tensors
+
+    def restore(self: Any, restored_tensors: dict[str, Any]) -> Any:
+        value = restored_tensors.get("VARIABLE_VALUE")
+        if isinstance(value, tf.Tensor) and value.shape.rank is None:
+            restored_tensors = dict(restored_tensors)
+            restored_tensors["VARIABLE_VALUE"] = tf.ensure_shape(
+                value, self.shape
+            )
+        return keras_restore(self, restored_tensors)
+
+    if not getattr(keras_restore, "_keras_tpu_embed", False):
+        restore._keras_tpu_embed = True  # type: ignore[attr-defined]
+        variable_class._restore_from_tensors = restore
+
+
+_restore_keras_variables_in_traced_restores()
 
 
 def keras_random_seed(seed: int) -> Any:
@@ -151,6 +192,7 @@ def caller_stacklevel() -> int:
 
 __all__ = [
     "tf_attr_value_pb2",
+    "SaveableObject",
     "TFSaveSpec",
     "Trackable",
     "caller_stacklevel",
@@ -169,6 +211,7 @@ __all__ = [
     "tf_tpu_ops",
     "tf_gen_xla_ops",
     "tf_tpu_replication",
+    "tf_tpu_embedding_v2",
     "tf_tpu_embedding_v3",
     "tf_tpu_embedding_v3_utils",
     "tf_nest",

@@ -104,3 +104,17 @@ def test_nested_layers_finds_every_depth_but_not_the_layer_itself():
     names = sorted(layer.name for layer in _compat.nested_layers(outer))
     assert names == ["block", "head", "inner"]
     assert _compat.nested_layers(inner) == []
+
+
+def test_a_mirrored_keras_variable_restores_a_tensor_of_unknown_shape():
+    """As TF's traced restore over several tasks hands it (a pod)."""
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        variable = keras.Variable(tf.zeros([2, 3]))
+
+    @tf.function(input_signature=[tf.TensorSpec(None, tf.float32)])
+    def restore(value):
+        variable._restore_from_tensors({"VARIABLE_VALUE": value})
+        return tf.constant(0)
+
+    restore(tf.ones([2, 3]))
+    assert variable.numpy().tolist() == [[1.0] * 3] * 2
