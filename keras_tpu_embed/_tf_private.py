@@ -18,6 +18,7 @@ from typing import Callable
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_attr_value_pb2
 from keras_tpu_embed._compat import tf_tpu
+from keras_tpu_embed._compat import tf_tpu_embedding_v2
 from keras_tpu_embed._compat import tf_tpu_embedding_v3
 from keras_tpu_embed._compat import tf_tpu_feature_column_v2
 from keras_tpu_embed._compat import tf_tpu_strategy
@@ -252,14 +253,30 @@ def mid_level_built(mid_level: MidLevelEmbedding) -> bool:
 
 
 def mid_level_table_variables(mid_level: MidLevelEmbedding) -> Any:
-    """`{table: {slot: sharded variable}}` with the TPU's values on the host.
+    """`{table: {slot: sharded variable}}`: the host copies of the tables.
 
-    `TPUEmbedding._retrieve_variables` copies the values from the TPU (as
-    TF does before a checkpoint save) and `_variables` holds them
-    (`tpu_embedding_v2.py`); the public `embedding_tables` has no slots.
+    `TPUEmbedding._variables` (`tpu_embedding_v2.py`) holds them, one
+    shard per host; the public `embedding_tables` has no slots. They hold
+    the TPU's values only after `mid_level_retrieve`.
     """
-    mid_level._retrieve_variables()
     return mid_level._variables
+
+
+def mid_level_hosts(mid_level: MidLevelEmbedding) -> list[str]:
+    """The host CPU devices that hold the tables' shards, in shard order.
+
+    `TPUEmbedding.__init__` stores `get_list_of_hosts(strategy)` as
+    `_hosts` (`tpu_embedding_v2.py`), which its sharded variable creator,
+    load and retrieve use; set before the tables exist, no public API.
+    """
+    return list(mid_level._hosts)
+
+
+def mid_level_retrieve(mid_level: MidLevelEmbedding) -> None:
+    """Copies the tables from the TPU into their host copies:
+    `TPUEmbedding._retrieve_variables` (`tpu_embedding_v2.py`), which TF
+    runs before a checkpoint save of the mid-level object; no public API."""
+    mid_level._retrieve_variables()
 
 
 def mid_level_load_variables(mid_level: MidLevelEmbedding) -> None:
@@ -267,6 +284,25 @@ def mid_level_load_variables(mid_level: MidLevelEmbedding) -> None:
     `TPUEmbedding._load_variables` (`tpu_embedding_v2.py`), which TF runs
     after a checkpoint restore; no public API."""
     mid_level._load_variables()
+
+
+def mid_level_load_table(mid_level: MidLevelEmbedding, table: str) -> Any:
+    """Sends one table's host copies (with its slots) to the TPU.
+
+    `_load_variables_impl` (`tpu_embedding_v2.py`) runs, per host, the load
+    op of each table's optimizer on that host's shards; given one table it
+    loads that table alone. It is the function `_load_variables` calls,
+    which takes every table; there is no public API for either.
+    """
+    configs = [
+        config for config in mid_level._table_config if config.name == table
+    ]
+    return tf_tpu_embedding_v2._load_variables_impl(
+        mid_level._config_proto.SerializeToString(),
+        mid_level._hosts,
+        {table: mid_level._variables[table]},
+        configs,
+    )
 
 
 def engine_optimizer_slot_names(optimizer: Any) -> list[str]:

@@ -114,6 +114,11 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
     def _built(self) -> bool:
         return self.built
 
+    @property
+    def _hosts(self) -> list[str]:
+        # One host: this process's CPU, which holds the one shard.
+        return ["/job:localhost/replica:0/task:0/device:CPU:0"]
+
     def _retrieve_variables(self) -> None:
         pass
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 from typing import Callable
+from typing import Iterator
 from typing import NamedTuple
 
 from keras_tpu_embed._compat import keras
@@ -137,19 +138,35 @@ class _NamedTable(NamedTuple):
 
     name: str
     shape: list[int]
-    read: Callable[[], Any]
+    # Its rows in pieces, `(first row, values)`: one per host shard for the
+    # engine's tables (read on their hosts), the whole variable otherwise.
+    pieces: Callable[[], Iterator[tuple[int, Any]]]
+
+
+def _engine_pieces(
+    table: EngineTableCheckpoint,
+) -> Iterator[tuple[int, Any]]:
+    for shard in table.shards():
+        yield shard.start, table.read_shard(shard)
+
+
+def _whole(variable: Any) -> Iterator[tuple[int, Any]]:
+    yield 0, tf.convert_to_tensor(variable)
 
 
 def _named_tables(view: EngineCheckpointView) -> list[_NamedTable]:
     """Every table and slot of an `engine_checkpoint` view; engine tables
-    are read from the TPU when their value is asked for."""
+    are read from the TPU, a host shard at a time, when asked for."""
     return [
         _NamedTable(
             name,
             list(variable.shape),
-            variable.read
-            if isinstance(variable, EngineTableCheckpoint)
-            else functools.partial(tf.convert_to_tensor, variable),
+            functools.partial(
+                _engine_pieces
+                if isinstance(variable, EngineTableCheckpoint)
+                else _whole,
+                variable,
+            ),
         )
         for name, variable in view.named_variables()
     ]
@@ -246,12 +263,13 @@ def validate_tables(model_or_layer: Any) -> dict[str, list[int]]:
     """
     view = engine_checkpoint(model_or_layer)
     report = {}
-    for name, _, read in _named_tables(view):
-        values = read()
-        bad = tf.where(
-            tf.reduce_any(tf.logical_not(tf.math.is_finite(values)), axis=1)
-        )
-        rows = [int(i) for i in bad.numpy().ravel()]
+    for name, _, pieces in _named_tables(view):
+        rows = []
+        for start, values in pieces():
+            bad = tf.where(
+                tf.reduce_any(tf.logical_not(tf.math.is_finite(values)), axis=1)
+            )
+            rows += [start + int(i) for i in bad.numpy().ravel()]
         if rows:
             report[name] = rows
     return report

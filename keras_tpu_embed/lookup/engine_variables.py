@@ -1,32 +1,48 @@
-"""The engine's members and tables: shapes, values on the TPU, checkpoints.
+"""The engine's members and tables: shapes, host shards, checkpoints.
 
 `EngineVariables` is the base of the TPU embedding engine
 (`embedding_core.SharedEngine`): the layers registered with it
 (`EngineMember`), the `FeatureConfig`s they brought, the mid-level object
 made from them, and the tables and slots that object holds. Their names
 and shapes are known from the configs before TF creates the tables (at
-the engine's first step); their values are read from the TPU and written
-to it (`read_tables`, `write_tables`), and values written before TF
-created them are held until it does. `EngineTableCheckpoint` puts one
-table or slot in a TensorFlow checkpoint, read and written through the
-engine.
+the engine's first step).
+
+On a pod TF keeps each table and slot as one shard per host, on that host
+(`make_sharded_variable_creator` in `tpu_embedding_v2.py`), plus the chip's
+own copy. Everything here works one host shard at a time, where the shard
+lives: a checkpoint saves each shard as a slice of the table on its host
+and restores it there (`EngineTableCheckpoint`), so no table passes whole
+through one host. The host copies are refreshed from the chip at most
+once between two training steps (`sync_host_copies`), and a table written
+on the host is loaded onto the chip before anything reads the chip again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+from typing import Mapping
 from typing import Sequence
 
+import numpy as np
+
+from keras_tpu_embed._compat import SaveableObject
 from keras_tpu_embed._compat import TFSaveSpec
 from keras_tpu_embed._compat import Trackable
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._tf_private import engine_optimizer_slot_names
 from keras_tpu_embed._tf_private import mid_level_built
+from keras_tpu_embed._tf_private import mid_level_hosts
+from keras_tpu_embed._tf_private import mid_level_load_table
 from keras_tpu_embed._tf_private import mid_level_load_variables
+from keras_tpu_embed._tf_private import mid_level_retrieve
 from keras_tpu_embed._tf_private import mid_level_table_variables
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.types import Tensor
+
+TableSlot = tuple[str, str]
+"""`(table name, "parameters" or a slot name)`."""
 
 
 @dataclasses.dataclass
@@ -43,6 +59,45 @@ class EngineMember:
     counts_step: bool  # False when the layer's local tables count it
 
 
+@dataclasses.dataclass(frozen=True)
+class HostShard:
+    """Rows `[start, start + rows)` of a table, held by `host`."""
+
+    host: str
+    start: int
+    rows: int
+
+
+def host_shards(vocabulary_size: int, hosts: Sequence[str]) -> list[HostShard]:
+    """Where TF's sharded variable creator puts a table's rows.
+
+    `make_sharded_variable_creator` (`tpu_embedding_v2.py`): contiguous
+    blocks, one per host in order, the first `rows % hosts` one row
+    longer; a host with no row gets no shard.
+    """
+    base, extra = divmod(vocabulary_size, len(hosts))
+    shards = []
+    start = 0
+    for index, host in enumerate(hosts):
+        rows = base + (1 if index < extra else 0)
+        if rows:
+            shards.append(HostShard(host, start, rows))
+        start += rows
+    return shards
+
+
+def slice_spec(shape: Sequence[int], shard: HostShard) -> str:
+    """The checkpoint slice of `shard` in a table of `shape`, spelled by
+    TF (`tf.Variable.SaveSliceInfo`, as `ShardedVariable` saves)."""
+    spec: str = tf.Variable.SaveSliceInfo(
+        full_name="",
+        full_shape=list(shape),
+        var_offset=[shard.start, 0],
+        var_shape=[shard.rows, shape[1]],
+    ).spec
+    return spec
+
+
 class EngineVariables:
     """The layers one engine serves, and the tables and slots it holds."""
 
@@ -54,9 +109,15 @@ class EngineVariables:
         self._pipeline: bool | None = None
         self._mid_level: Any = None
         self._optimizer: Any = None
-        # Values loaded (`write_tables`) before TF created the tables: they
-        # go onto the TPU at the first enqueue, which creates them.
-        self._pending: dict[tuple[str, str], Any] = {}
+        # Values written (checkpoint restores, `write_tables`) before TF
+        # created the tables, per host shard: they go onto the TPU at the
+        # first enqueue, which creates them. (table, slot) -> start -> value.
+        self._pending: dict[TableSlot, Any] = {}
+        # The members' steps when the host copies last equalled the chip:
+        # the chip changes only in a training step, which counts them.
+        self._synced_steps: tuple[int, ...] | None = None
+        # The shards of each table or slot a restore has written so far.
+        self._restored_shards: dict[TableSlot, set[int]] = {}
 
     @property
     def mid_level(self) -> Any:
@@ -107,49 +168,117 @@ class EngineVariables:
             f"{self.table_names}."
         )
 
-    def read_tables(self, tables: Sequence[str]) -> dict[tuple[str, str], Any]:
-        """`{(table, slot): numpy array}`: the values on the TPU now.
+    # ----------------------------------------------------------- host shards
 
-        Raises:
-            RuntimeError: TF has not created the tables yet (they are
-                created at the engine's first step) and none were loaded.
-        """
-        keys = [(t, slot) for t in tables for slot in self.table_slots(t)]
-        if not self._tables_created():
-            if all(key in self._pending for key in keys):
-                return {key: self._pending[key] for key in keys}
-            raise RuntimeError(
-                "The TPU embedding engine creates its tables at the first "
-                f"step, so the tables {list(tables)} of layers "
-                f"{self.layer_names} do not exist yet: run one step "
-                "(model.fit, evaluate or predict) before saving."
-            )
-        return self._read_created(keys)
+    def shards_of(self, table: str) -> list[HostShard]:
+        """The host shards of `table`, as TF creates them (known before)."""
+        rows = self.table_slots(table)["parameters"][0]
+        return host_shards(rows, mid_level_hosts(self._mid_level))
 
     def _tables_created(self) -> bool:
         """Whether TF created the tables (at the engine's first step)."""
         return self._mid_level is not None and mid_level_built(self._mid_level)
 
-    def _read_created(
-        self, keys: list[tuple[str, str]]
-    ) -> dict[tuple[str, str], Any]:
-        """`read_tables` once the tables exist."""
-        # Under a TPUStrategy the host copies are stale until TF retrieves
-        # them from the TPU, as it does before a checkpoint save.
-        variables = mid_level_table_variables(self._mid_level)
+    def _steps_now(self) -> tuple[int, ...]:
+        with tf.init_scope():
+            return tuple(int(m.step.numpy()) for m in self._members)
+
+    def sync_host_copies(self) -> None:
+        """Makes the host copies hold the chip's values, retrieving at most
+        once after each training step (one retrieve of every table).
+
+        Runs eagerly, also while a save is traced: the trace then reads the
+        refreshed host copies.
+        """
+        if not self._tables_created():
+            return
+        steps = self._steps_now()
+        if steps != self._synced_steps:
+            with tf.init_scope():
+                mid_level_retrieve(self._mid_level)
+            self._synced_steps = steps
+
+    def shard_variable(self, table: str, slot: str, shard: HostShard) -> Any:
+        """The host copy of one shard (created tables only)."""
+        sharded = mid_level_table_variables(self._mid_level)[table][slot]
+        index = self.shards_of(table).index(shard)
+        return sharded.variables[index]
+
+    def _not_created_error(self, tables: Sequence[str]) -> RuntimeError:
+        return RuntimeError(
+            "The TPU embedding engine creates its tables at the first "
+            f"step, so the tables {list(tables)} of layers "
+            f"{self.layer_names} do not exist yet: run one step "
+            "(model.fit, evaluate or predict) before saving or exporting."
+        )
+
+    def read_shard(self, table: str, slot: str, shard: HostShard) -> Tensor:
+        """One shard as it is on the TPU now, read on its host.
+
+        Raises:
+            RuntimeError: TF has not created the tables yet and nothing
+                was written to this shard.
+        """
+        if self._tables_created():
+            self.sync_host_copies()
+            with tf.device(shard.host):
+                return tf.identity(self.shard_variable(table, slot, shard))
+        pending = self._pending.get((table, slot), {})
+        if shard.start in pending:
+            value = pending[shard.start]
+            with tf.device(shard.host):
+                return tf.identity(
+                    value.read_value()
+                    if isinstance(value, tf.Variable)
+                    else value
+                )
+        raise self._not_created_error([table])
+
+    def read_shard_rows(
+        self, table: str, slot: str, shard: HostShard, start: int, stop: int
+    ) -> Tensor:
+        """Rows `[start, stop)` of one shard (counted in the shard), as on
+        the TPU now, gathered on the shard's host."""
+        positions = tf.range(start, stop)
+        if self._tables_created():
+            self.sync_host_copies()
+            values = self.shard_variable(table, slot, shard)
+        else:
+            values = self.read_shard(table, slot, shard)
+        with tf.device(shard.host):
+            return tf.gather(values, positions)
+
+    def read_tables(self, tables: Sequence[str]) -> dict[TableSlot, Any]:
+        """`{(table, slot): numpy array}`: whole tables, as on the TPU now.
+
+        Holds every listed table at once on this process: for small
+        tables; the save paths read one shard at a time (`read_shard`).
+
+        Raises:
+            RuntimeError: TF has not created the tables yet (they are
+                created at the engine's first step) and none were loaded.
+        """
         return {
-            (table, slot): tf.concat(
+            (table, slot): np.concatenate(
                 [
-                    tf.convert_to_tensor(shard)
-                    for shard in variables[table][slot].variables
-                ],
-                0,
-            ).numpy()
-            for table, slot in keys
+                    self.read_shard(table, slot, shard).numpy()
+                    for shard in self.shards_of(table)
+                ]
+            )
+            for table in tables
+            for slot in self.table_slots(table)
         }
 
-    def write_tables(self, values: dict[tuple[str, str], Any]) -> None:
-        """Puts `{(table, slot): array}` onto the TPU (or at its creation)."""
+    def write_tables(
+        self, values: Mapping[TableSlot, Any], load: bool = True
+    ) -> None:
+        """Puts `{(table, slot): array}` onto the TPU (or at its creation).
+
+        A value is read one host shard of rows at a time (`value[a:b]`: an
+        h5py dataset is read from its file block by block); each table is
+        loaded onto the chip once, after all of its values are written
+        (with `load=False`, by a later `load_tables`).
+        """
         for (table, slot), value in values.items():
             expected = self.table_slots(table).get(slot)
             if expected is None or list(value.shape) != expected:
@@ -159,21 +288,192 @@ class EngineVariables:
                     f"whose table '{table}' has "
                     f"{self.table_slots(table)} (slot: shape)."
                 )
-        self._pending.update(values)
+        created = self._tables_created()
+        if created:
+            self.sync_host_copies()
+        for (table, slot), value in values.items():
+            for shard in self.shards_of(table):
+                rows = np.asarray(value[shard.start : shard.start + shard.rows])
+                self._write_shard(table, slot, shard, rows)
+        if load:
+            self.load_tables(list(dict.fromkeys(table for table, _ in values)))
+
+    def load_tables(self, tables: Sequence[str]) -> None:
+        """Sends the tables' host copies to the chip (once TF created them;
+        before, what was written waits for their creation)."""
         if self._tables_created():
-            self._load_pending()
+            for table in tables:
+                self._load_table(table)
+
+    def _write_shard(
+        self, table: str, slot: str, shard: HostShard, rows: Any
+    ) -> Any:
+        """Writes one shard on its host: into the host copy, or held for
+        the tables' creation. Returns the assignment (an op in a graph)."""
+        if self._tables_created():
+            with tf.device(shard.host):
+                return self.shard_variable(table, slot, shard).assign(rows)
+        pending = self._pending.setdefault((table, slot), {})
+        if tf.executing_eagerly() or isinstance(rows, np.ndarray):
+            with tf.init_scope(), tf.device(shard.host):
+                pending[shard.start] = tf.identity(rows)
+            return None
+        # A traced restore: the value exists only when the trace runs, so
+        # it is held in a variable of the shard's host.
+        with tf.init_scope(), tf.device(shard.host):
+            holder = tf.Variable(
+                tf.zeros([shard.rows, rows.shape[1]], tf.float32),
+                trainable=False,
+            )
+        pending[shard.start] = holder
+        with tf.device(shard.host):
+            return holder.assign(rows)
+
+    def _load_table(self, table: str) -> Any:
+        """One table's host copies onto the chip (TF's load op per host)."""
+        return mid_level_load_table(self._mid_level, table)
+
+    def restore_shard(
+        self, table: str, slot: str, shard: HostShard, value: Tensor
+    ) -> Any:
+        """Writes a checkpoint's slice of one host shard, on its host; once
+        every shard of the table or slot is written, loads the table onto
+        the chip.
+
+        The other slots of the table are first made current (the chip's,
+        when a step ran since the last read), since the chip loads a table
+        with all its slots at once. Each restored table or slot loads its
+        table: TF loads once after a restore only through a saver that it
+        registers for its own object, which a checkpoint written by a CPU
+        model does not carry.
+
+        Returns:
+            The restore's op when traced, else None.
+        """
+        created = self._tables_created()
+        if created:
+            self.sync_host_copies()
+        write = self._write_shard(table, slot, shard, value)
+        restored = self._restored_shards.setdefault((table, slot), set())
+        restored.add(shard.start)
+        if not created or len(restored) < len(self.shards_of(table)):
+            return write
+        del self._restored_shards[(table, slot)]
+        with tf.control_dependencies([] if write is None else [write]):
+            return self._load_table(table)
+
+    def shard_specs(self, table: str, slot: str) -> list[tuple[HostShard, str]]:
+        """Each host shard of a table or slot with its checkpoint slice
+        (one host: the whole table, no slice, as a variable saves)."""
+        shape = self.table_slots(table)[slot]
+        shards = self.shards_of(table)
+        if len(shards) == 1:
+            return [(shards[0], "")]
+        return [(shard, slice_spec(shape, shard)) for shard in shards]
 
     def _load_pending(self) -> None:
-        variables = mid_level_table_variables(self._mid_level)
-        for (table, slot), value in self._pending.items():
-            variable = variables[table][slot]
-            start = 0
-            for shard in variable.variables:
-                rows = int(shard.shape[0])
-                shard.assign(value[start : start + rows])
-                start += rows
+        """Writes what was held for the tables' creation into them, then
+        loads every table onto the chip once."""
+        for (table, slot), pieces in self._pending.items():
+            for shard in self.shards_of(table):
+                if shard.start in pieces:
+                    value = pieces[shard.start]
+                    if isinstance(value, tf.Variable):
+                        value = value.read_value()
+                    with tf.device(shard.host):
+                        self.shard_variable(table, slot, shard).assign(value)
         self._pending = {}
         mid_level_load_variables(self._mid_level)
+        self._synced_steps = self._steps_now()
+
+
+class EngineRows:
+    """One engine table or slot, read a block of rows at a time from the
+    host shards that hold them (a `quantization.RowSource`).
+
+    Made after the host copies are refreshed from the chip; each block is
+    gathered on its shard's host and only the block comes to this process.
+    """
+
+    def __init__(self, engine: EngineVariables, table: str, slot: str) -> None:
+        engine.sync_host_copies()
+        self._engine = engine
+        self._table = table
+        self._slot = slot
+        rows, dim = engine.table_slots(table)[slot]
+        self.shape = (rows, dim)
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows `[start, stop)` as float32."""
+        pieces = []
+        for shard in self._engine.shards_of(self._table):
+            first = max(start, shard.start)
+            last = min(stop, shard.start + shard.rows)
+            if first >= last:
+                continue
+            block = self._engine.read_shard_rows(
+                self._table,
+                self._slot,
+                shard,
+                first - shard.start,
+                last - shard.start,
+            )
+            pieces.append(block.numpy())
+        return np.concatenate(pieces).astype(np.float32, copy=False)
+
+
+class _ShardSaveable(SaveableObject):  # type: ignore[misc]
+    """One host shard of an engine table or slot in a checkpoint: a slice
+    of the table, saved and restored on the shard's host."""
+
+    def __init__(
+        self,
+        engine: EngineVariables,
+        table: str,
+        slot: str,
+        shard: HostShard,
+        spec: str,
+        name: str,
+    ) -> None:
+        self._engine = engine
+        self._table = table
+        self._slot = slot
+        self._shard = shard
+        super().__init__(
+            None,
+            [
+                TFSaveSpec(
+                    self._read,
+                    spec,
+                    name,
+                    dtype=tf.float32,
+                    device=shard.host,
+                )
+            ],
+            name,
+        )
+
+    def _read(self) -> Tensor:
+        # The values are read only when TF saves: at a restore TF asks for
+        # the specs alone, also before the tables exist.
+        try:
+            return self._engine.read_shard(self._table, self._slot, self._shard)
+        except RuntimeError as error:
+            raise ValueError(str(error)) from error
+
+    def restore(self, restored_tensors: Any, restored_shapes: Any) -> Any:
+        with tf.device(self._shard.host):
+            value = tf.reshape(
+                restored_tensors[0], [self._shard.rows, self.shape[1]]
+            )
+        restored = self._engine.restore_shard(
+            self._table, self._slot, self._shard, value
+        )
+        return tf.no_op() if restored is None else restored
+
+    @property
+    def shape(self) -> list[int]:
+        return self._engine.table_slots(self._table)[self._slot]
 
 
 class EngineTableCheckpoint(Trackable):  # type: ignore[misc]
@@ -185,9 +485,16 @@ class EngineTableCheckpoint(Trackable):  # type: ignore[misc]
     mid-level object wrote (`tpu_embedding_v2.py`, the registered
     "TPUEmbeddingCallback" saver). Tracking the host copies instead saved
     stale values, and a file written on CPU never reached the TPU after its
-    first step. This reads and writes the TPU itself, through the engine
-    (before the first step a restore is held and loaded when TF creates the
-    tables; a save raises).
+    first step. This saves each host's shard as a slice of the table, on
+    that host, refreshed from the TPU first (once per save), and restores
+    each slice on its host and then onto the TPU (before the first step a
+    restore is held until TF creates the tables; a save raises). The keys
+    are a whole variable's, which a CPU model reads as one tensor.
+
+    One saveable per shard, as TF's `ShardedVariable` does: TF's restore of
+    a trackable's `_serialize_to_tensors` hands it one tensor per name,
+    so a table of several slices would get only the last
+    (`saveable_object_util.TrackableSaveable.restore`).
     """
 
     def __init__(self, engine: EngineVariables, table: str, slot: str) -> None:
@@ -196,28 +503,26 @@ class EngineTableCheckpoint(Trackable):  # type: ignore[misc]
         self._slot = slot
         self.shape = engine.table_slots(table)[slot]
 
-    def read(self) -> Any:
-        """The table or slot as it is on the TPU now."""
+    def shards(self) -> list[HostShard]:
+        """The host shards of the table or slot."""
+        return self._engine.shards_of(self._table)
+
+    def read_shard(self, shard: HostShard) -> Tensor:
+        """One shard as it is on the TPU now."""
         try:
-            values = self._engine.read_tables([self._table])
+            return self._engine.read_shard(self._table, self._slot, shard)
         except RuntimeError as error:
             raise ValueError(str(error)) from error
-        return tf.constant(values[(self._table, self._slot)])
 
-    def _serialize_to_tensors(self) -> dict[str, Any]:
-        # A callable: TF asks for the spec on restore as well, when the
-        # tables may not exist yet, and reads the value only to save it.
-        return {
-            "VARIABLE_VALUE": TFSaveSpec(
-                self.read,
-                "",
-                "VARIABLE_VALUE",
-                dtype=tf.float32,
-                device="/job:localhost/replica:0/task:0/device:CPU:0",
-            )
-        }
+    def _gather_saveables_for_checkpoint(self) -> dict[str, Any]:
+        def saveables(name: str) -> list[_ShardSaveable]:
+            return [
+                _ShardSaveable(
+                    self._engine, self._table, self._slot, shard, spec, name
+                )
+                for shard, spec in self._engine.shard_specs(
+                    self._table, self._slot
+                )
+            ]
 
-    def _restore_from_tensors(self, restored_tensors: dict[str, Any]) -> Any:
-        value = restored_tensors["VARIABLE_VALUE"]
-        self._engine.write_tables({(self._table, self._slot): value.numpy()})
-        return tf.no_op()
+        return {"VARIABLE_VALUE": saveables}

@@ -38,6 +38,7 @@ from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import sparsecore_buffers
 from keras_tpu_embed.lookup import sparsecore_layout
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
+from keras_tpu_embed.lookup.engine_variables import HostShard
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.tpu import hardware as tpu_hardware
 from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
@@ -404,6 +405,60 @@ class SparseCoreEngine(SharedEngine):
         )
 
     # -------------------------------------------------------------- tables
+    # Whole tables: each read unstacks whole stacks on this process, and
+    # each write restacks them.
+
+    def sync_host_copies(self) -> None:
+        """The stacked variables are read from the chip's shards directly."""
+
+    def read_tables(self, tables: Sequence[str]) -> dict[tuple[str, str], Any]:
+        keys = [(t, slot) for t in tables for slot in self.table_slots(t)]
+        if not self._tables_created():
+            if all(key in self._pending for key in keys):
+                return {key: self._pending[key] for key in keys}
+            raise self._not_created_error(tables)
+        return self._read_created(keys)
+
+    def write_tables(self, values: Any, load: bool = True) -> None:
+        for (table, slot), value in values.items():
+            expected = self.table_slots(table).get(slot)
+            if expected is None or list(value.shape) != expected:
+                raise ValueError(
+                    f"Cannot load '{table}' slot '{slot}' of shape "
+                    f"{list(value.shape)} into the TPU embedding engine, "
+                    f"whose table '{table}' has "
+                    f"{self.table_slots(table)} (slot: shape)."
+                )
+        self._pending.update(
+            {key: np.asarray(value) for key, value in values.items()}
+        )
+        if load:
+            self.load_tables([])
+
+    def load_tables(self, tables: Sequence[str]) -> None:
+        if self._tables_created():
+            self._load_pending()
+
+    def shards_of(self, table: str) -> list[HostShard]:
+        """One shard, the whole table, on this process."""
+        rows = self.table_slots(table)["parameters"][0]
+        return [
+            HostShard("/job:localhost/replica:0/task:0/device:CPU:0", 0, rows)
+        ]
+
+    def read_shard(self, table: str, slot: str, shard: HostShard) -> Tensor:
+        return tf.constant(self.read_tables([table])[(table, slot)])
+
+    def read_shard_rows(
+        self, table: str, slot: str, shard: HostShard, start: int, stop: int
+    ) -> Tensor:
+        return self.read_shard(table, slot, shard)[start:stop]
+
+    def restore_shard(
+        self, table: str, slot: str, shard: HostShard, value: Tensor
+    ) -> Any:
+        self.write_tables({(table, slot): value.numpy()})
+        return None
 
     def _stacked(self, stack: str, slot: str) -> np.ndarray:
         """A stacked table or slot, every shard in order."""
