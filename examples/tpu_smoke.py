@@ -20,7 +20,8 @@ traceback) or SKIP (with the reason):
 - checkpoint: `kte.engine_checkpoint` after the first step and at the end;
 - cpu_restore: both checkpoints restored into the same model built on CPU;
   every table must have changed between them (the engine trained them);
-- export: `kte.export_saved_model` from the CPU model;
+- export: `kte.export_saved_model` of the TPU model itself (its tables read
+  from the TPU a block of rows at a time, no optimizer slots);
 - serve: the SavedModel on raw features against the TPU model's predictions
   on the same examples (float32 matmul precision on both sides), row by
   row: on a pod this checks that `predict` returned the rows in input
@@ -459,17 +460,17 @@ def _stages(
         return
 
     with report.stage("cpu_restore") as details:
-        # The serving model: the same model outside the strategy, with the
-        # preprocessor's (sparse) item ids; tables by name, dense layers by
-        # order.
-        serving_model = build_model(preprocessor, own, shared, False)
+        # The same model outside the strategy, with the preprocessor's
+        # (sparse) item ids: the engine's checkpoints restore there by
+        # table name.
+        cpu_model = build_model(preprocessor, own, shared, False)
         restore = tf.train.Checkpoint(
-            embedding=kte.engine_checkpoint(serving_model)
+            embedding=kte.engine_checkpoint(cpu_model)
         )
         restore.read(start_path).assert_existing_objects_matched()
-        first = _cpu_tables(serving_model)
+        first = _cpu_tables(cpu_model)
         restore.read(end_path).assert_existing_objects_matched()
-        last = _cpu_tables(serving_model)
+        last = _cpu_tables(cpu_model)
         moved = {
             name: float(np.max(np.abs(last[name] - first[name])))
             for name in last
@@ -480,19 +481,13 @@ def _stages(
         )
         if unchanged:
             raise AssertionError(f"the engine did not train {unchanged}")
-        for source, target in zip(model.layers, serving_model.layers):
-            if type(source) is not type(target):
-                raise RuntimeError(f"{source.name} != {target.name}")
-            if not isinstance(source, kte.TPUEmbeddingLayer):
-                target.set_weights(source.get_weights())
     if report.stopped:
         return
 
     export_dir = os.path.join(output_dir, "serving")
     with report.stage("export") as details:
-        kte.export_saved_model(
-            serving_model, export_dir, preprocessor=preprocessor
-        )
+        # The trained model itself: no CPU model, no optimizer slots.
+        kte.export_saved_model(model, export_dir, preprocessor=preprocessor)
         details["export_dir"] = export_dir
     if report.stopped:
         return

@@ -140,6 +140,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         self._engine_tables: EngineTables | None = None
         # The devices of a serving export while `serving_lookups` traces it.
         self._serving_plan: DevicePlan | None = None
+        # While `serving_lookups` traces: the engine's tables as served,
+        # copies read from the TPU.
+        self._engine_serving: LocalTables | None = None
         self.columns = to_embedding_columns(columns)
         self.config = as_config(config)
         check_declared_columns(
@@ -193,11 +196,14 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 layer's own tables from quantized copies
                 (`quantized_copies`).
 
+        Tables in the TPU embedding engine are served from copies read
+        from the TPU a block of rows at a time, each block from the host
+        that holds it (`EngineTables.serving_tables`), in `table_dtype`.
+
         Raises:
             ValueError: an invalid serving device or `table_dtype`, or a
-                quantized `table_dtype` for tables in the TPU embedding
-                engine (their rows are not the layer's to copy), or a table
-                with NaN or inf values.
+                table with NaN or inf values, or raw
+                `feature_to_config_dict` entries (no column serves them).
         """
         check_table_dtype(table_dtype)
         plan = self._devices.with_serving_device(
@@ -206,22 +212,46 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         plan.check_serving()
         saved_plan = self._serving_plan
         saved_tables = self._local.serving_tables
+        saved_engine = self._engine_serving
         self._serving_plan = plan
         try:
             self._local.serving_tables = self._quantized(table_dtype)
+            self._engine_serving = self._served_engine_tables(table_dtype)
             yield
         finally:
             self._serving_plan = saved_plan
             self._local.serving_tables = saved_tables
+            self._engine_serving = saved_engine
 
     def _quantized(self, table_dtype: str) -> dict[str, QuantizedTable]:
-        if self._engine_tables is not None:
-            self._engine_tables.refuse_quantized(table_dtype)
         local = self._local
         tables = {
             name: local.table_variable(name) for name in local.table_names
         }
         return quantized_copies(tables, table_dtype)
+
+    def _served_engine_tables(self, table_dtype: str) -> LocalTables | None:
+        """The engine's tables as this layer serves them: looked up as
+        tables the layer holds, from copies read from the TPU."""
+        engine = self._engine_tables
+        if engine is None:
+            return None
+        if engine.raw_features:
+            raise ValueError(
+                f"{type(self).__name__} '{self.name}' cannot be exported: "
+                "its EmbeddingConfig.feature_to_config_dict features "
+                f"{sorted(engine.raw_features)} exist only on the TPU "
+                "embedding engine, with no column to serve them on the CPU. "
+                "Declare them as columns (kte.embedding_column) to export."
+            )
+        specs = {t.name: t for t in self.table_specs}
+        served = LocalTables(
+            [specs[name] for name in engine.table_names],
+            self.config,
+            self.return_sequence_lengths,
+        )
+        served.serving_tables = engine.serving_tables(table_dtype)
+        return served
 
     @property
     def input_dtype(self) -> str:
@@ -347,7 +377,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         """Where this layer's tables live: the engine first, as it enqueues
         every feature of the step."""
         backends: list[TableBackend] = [self._local]
-        if self._engine_tables is not None:
+        if self._serving_plan is not None and self._engine_serving is not None:
+            backends.append(self._engine_serving)
+        elif self._engine_tables is not None:
             backends.insert(0, self._engine_tables)
         return backends
 
@@ -355,7 +387,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         tpu_hardware.check_called_where_built(
             f"{type(self).__name__} '{self.name}'",
             self._devices.hardware,
-            on_engine=self._engine_tables is not None,
+            # A serving trace reads copies of the engine's tables.
+            on_engine=self._engine_tables is not None
+            and self._serving_plan is None,
         )
         features = self._inputs.features(inputs)
         if keras_in_symbolic_scope() and self._engine_tables is None:
@@ -372,7 +406,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
             training=training is not False and serving is None,
             serving=serving is not None,
             devices={
-                table.name: devices[table.name] for table in self._local.tables
+                table.name: devices[table.name] for table in self.table_specs
             },
         )
         values: dict[str, Tensor] = {}

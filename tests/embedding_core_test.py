@@ -269,10 +269,12 @@ def test_tpu_without_engine_falls_back_to_tensor_core(monkeypatch):
             kte.TPUEmbeddingLayer([unshaped]).build({"item": (None, 2)})
 
 
-def test_export_of_the_tpu_built_model_says_how(tpu, tmp_path):
+def test_export_before_the_engines_first_step_says_why(tpu, tmp_path):
+    """The engine's tables exist from its first step on (exported from
+    the TPU after it: tests/emulated/export_trained_test.py)."""
     with tpu.strategy.scope():
         model = build_model()
-    with pytest.raises((RuntimeError, ValueError), match="engine_checkpoint"):
+    with pytest.raises(RuntimeError, match="run one step .* exporting"):
         kte.export_saved_model(model, str(tmp_path / "serving"))
 
 
@@ -449,21 +451,6 @@ def test_the_engine_serves_the_users_own_feature_configs():
         layer_description="TPUEmbeddingLayer 'shared'",
     )
     assert tables.raw_features == {"their_feature": raw}
-
-
-def test_quantized_copies_of_engine_tables_are_refused(tpu):
-    with tpu.strategy.scope():
-        model = build_model()
-    layer = model.get_layer("embed")
-    with pytest.raises(
-        ValueError,
-        match=r"^table_dtype='int8' quantizes the tables a layer holds "
-        r"itself, but the tables \['user', 'tags_weighted_by_tag_w'\] of "
-        r"layer 'embed' live in the TPU embedding engine\. Export them with "
-        r"table_dtype='float32'\.$",
-    ):
-        with layer.serving_lookups(table_dtype="int8"):
-            pass
 
 
 def test_a_weights_file_without_the_engine_tables_says_which(tpu):

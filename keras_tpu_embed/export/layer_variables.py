@@ -8,8 +8,9 @@ Keras' creation-order positions.
 from __future__ import annotations
 
 from typing import Any
-from typing import Mapping
+from typing import Iterator
 from typing import Protocol
+from typing import Sequence
 
 from keras_tpu_embed.lookup.tables import TableSpec
 
@@ -37,14 +38,15 @@ class EngineFileTables(Protocol):
     """The layer's tables on the TPU embedding engine, in a `.keras` file
     (`lookup/embedding_core.py`'s `EngineTables`)."""
 
-    def file_values(self) -> dict[str, Any]:
-        """File key -> the table or slot as it is on the TPU now."""
+    def file_values(self) -> Iterator[tuple[str, Any]]:
+        """File key -> the table or slot as it is on the TPU now, one at a
+        time."""
 
-    def split_file(self, store: Any) -> tuple[Any, dict[str, Any]]:
-        """A weights store as (the layer's own, the engine's)."""
+    def split_file(self, store: Any) -> tuple[Any, list[str]]:
+        """A weights store as (the layer's own, the engine's keys)."""
 
-    def load_file_values(self, values: Mapping[str, Any]) -> None:
-        """Loads file key -> value onto the TPU."""
+    def load_file_values(self, store: Any, keys: Sequence[str]) -> None:
+        """Loads the store's `keys` onto the TPU, one at a time."""
 
 
 def _named_layer_variables(layer: EmbeddingLayerState) -> dict[str, Any]:
@@ -82,7 +84,9 @@ def save_layer_variables(
         # `__array__` takes no `copy` (a DeprecationWarning under numpy 2).
         store[key] = variable.numpy()
     if engine is not None:
-        for key, value in engine.file_values().items():
+        # One table or slot at a time: each is written before the next is
+        # read from the TPU.
+        for key, value in engine.file_values():
             store[key] = value
 
 
@@ -102,10 +106,10 @@ def load_layer_variables(
         ValueError: the file's tables or slots differ from the layer's in
             name or shape; the message lists both sides.
     """
-    own, on_engine = (store, {}) if engine is None else engine.split_file(store)
+    own, on_engine = (store, []) if engine is None else engine.split_file(store)
     loaded = _load_named(layer, own)
     if engine is not None and on_engine:
-        engine.load_file_values(on_engine)
+        engine.load_file_values(store, on_engine)
     return loaded
 
 

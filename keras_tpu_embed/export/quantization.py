@@ -37,11 +37,19 @@ True
 from __future__ import annotations
 
 from typing import Any
+from typing import Iterator
+from typing import Protocol
+from typing import runtime_checkable
 
 import numpy as np
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_resource_variable_ops
 from keras_tpu_embed.types import Tensor
+
+CLIENT_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
+"""This process's CPU: where serving copies of tables are made (on a pod,
+the client, not a host)."""
 
 TABLE_DTYPES = ("float32", "bfloat16", "int8")
 """The `table_dtype` choices of a serving export."""
@@ -92,15 +100,16 @@ def quantize_rows(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """A float table `[rows, dim]` as stored for serving.
 
-    The rows are read and quantized in chunks of `chunk_rows`, so that only
-    one chunk is ever copied (to float64 for "int8"): with `values` a
-    variable, quantizing adds the outputs and one chunk's working copies to
-    memory, not a float64 copy of the table. Each row is quantized on its
-    own, so the chunks give the same bits as the whole table at once.
+    The rows are read and quantized in chunks of `chunk_rows`
+    (`quantized_chunks`), so that only one chunk is ever copied (to float64
+    for "int8"): quantizing adds the outputs and one chunk's working
+    copies to memory, not a float64 copy of the table. Each row is
+    quantized on its own, so the chunks give the same bits as the whole
+    table at once.
 
     Args:
-        values: The table: a numpy array, a tensor or a variable (read one
-            chunk at a time).
+        values: The table: a numpy array, a tensor, a variable, or a
+            `RowSource` (read one chunk at a time).
         table_dtype: One of `TABLE_DTYPES`.
         table: The table's name, for errors.
 
@@ -110,6 +119,57 @@ def quantize_rows(
         offset); for "float32" the rows as they are (float32) and None.
 
     Raises:
+        ValueError: as `quantized_chunks`.
+    """
+    check_table_dtype(table_dtype)
+    if table_dtype == "float32" and not isinstance(values, RowSource):
+        return np.asarray(values, np.float32), None
+    rows, dim = (int(n) for n in values.shape)
+    codes = np.empty((rows, dim), _code_dtype(table_dtype))
+    scale_offset = (
+        np.empty((rows, 2), np.float32) if table_dtype == "int8" else None
+    )
+    for start, chunk_codes, chunk_scale_offset in quantized_chunks(
+        values, table_dtype, table
+    ):
+        codes[start : start + len(chunk_codes)] = chunk_codes
+        if scale_offset is not None:
+            scale_offset[start : start + len(chunk_codes)] = chunk_scale_offset
+    return codes, scale_offset
+
+
+@runtime_checkable
+class RowSource(Protocol):
+    """A table read a block of rows at a time (the TPU engine's tables,
+    from the host shards that hold them)."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """`(rows, dim)`."""
+
+    def read_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows `[start, stop)` as float32."""
+
+
+def _code_dtype(table_dtype: str) -> Any:
+    return {
+        "float32": np.float32,
+        "bfloat16": tf.bfloat16.as_numpy_dtype,
+        "int8": np.uint8,
+    }[table_dtype]
+
+
+def quantized_chunks(
+    values: Any, table_dtype: str, table: str
+) -> Iterator[tuple[int, np.ndarray, np.ndarray | None]]:
+    """`(first row, codes, scale_offset)` of each chunk of `chunk_rows` rows.
+
+    Each chunk's rows are read, checked and quantized alone. Every chunk is
+    checked before an error is raised, so that it names the first bad rows
+    of the table, as one whole-table check would; the chunks yielded
+    before then are to be dropped.
+
+    Raises:
         ValueError: an unknown `table_dtype`, non-finite values in
             `table` (a NaN or inf would make its row's scale NaN or inf),
             or finite rows that `table_dtype` would serve as inf (bfloat16
@@ -117,57 +177,64 @@ def quantize_rows(
             largest value / 2 or more).
     """
     check_table_dtype(table_dtype)
-    if table_dtype == "float32":
-        return np.asarray(values, np.float32), None
     rows, dim = (int(n) for n in values.shape)
     step = chunk_rows(rows, dim)
-    if table_dtype == "bfloat16":
-        codes = np.empty((rows, dim), tf.bfloat16.as_numpy_dtype)
-        scale_offset = None
-    else:
-        codes = np.empty((rows, dim), np.uint8)
-        scale_offset = np.empty((rows, 2), np.float32)
-    # Every chunk is checked before an error is raised, so that it names
-    # the first bad rows of the table, as one whole-table check would.
     non_finite: list[np.ndarray] = []
     overflow: list[np.ndarray] = []
+    failed = False
     for start in range(0, rows, step):
         stop = min(start + step, rows)
         chunk = _read_rows(values, start, stop)
         bad = ~np.isfinite(chunk).all(axis=1)
         if bad.any() or non_finite:
             non_finite.append(start + np.flatnonzero(bad))
+            failed = True
             continue
-        if table_dtype == "bfloat16":
-            rounded = tf.cast(chunk, tf.bfloat16).numpy()
+        scale_offset = None
+        if table_dtype == "float32":
+            codes = chunk
+            fits = np.ones(len(chunk), bool)
+        elif table_dtype == "bfloat16":
+            codes = tf.cast(chunk, tf.bfloat16).numpy()
             # bfloat16 has float32's range, but rounding to 8 significant
             # bits carries |x| >= ~3.39e38 past its largest value, to inf.
-            fits = np.isfinite(rounded).all(axis=1)
-            codes[start:stop] = rounded
+            fits = np.isfinite(codes).all(axis=1)
         else:
-            assert scale_offset is not None
-            fits = _quantize_int8(
-                chunk, codes[start:stop], scale_offset[start:stop]
-            )
+            codes = np.empty(chunk.shape, np.uint8)
+            scale_offset = np.empty((len(chunk), 2), np.float32)
+            fits = _quantize_int8(chunk, codes, scale_offset)
         overflow.append(start + np.flatnonzero(~fits))
+        failed = failed or bool(overflow[-1].size)
+        if not failed:
+            yield start, codes, scale_offset
     if non_finite:
         bad_rows = np.concatenate(non_finite)
         raise ValueError(
             f"Table '{table}' holds NaN or inf values (rows "
-            f"{bad_rows[:10].tolist()}), which cannot be quantized to "
-            f"{table_dtype}. Fix or re-train the table, or export with "
-            "table_dtype='float32'."
+            f"{bad_rows[:10].tolist()}), which cannot be "
+            + (
+                "served"
+                if table_dtype == "float32"
+                else f"quantized to {table_dtype}"
+            )
+            + ". Fix or re-train the table"
+            + (
+                "."
+                if table_dtype == "float32"
+                else ", or export with table_dtype='float32'."
+            )
         )
     _refuse_overflow(
         table, table_dtype, np.concatenate([np.zeros(0, np.int64), *overflow])
     )
-    return codes, scale_offset
 
 
 def _read_rows(values: Any, start: int, stop: int) -> np.ndarray:
     """Rows `[start, stop)` of `values` as a float32 numpy array."""
     if isinstance(values, np.ndarray):
         return np.asarray(values[start:stop], np.float32)
+    if isinstance(values, RowSource):
+        return np.asarray(values.read_rows(start, stop), np.float32)
     # A gather, not a slice: a slice reads the whole variable first, and
     # that read copies the whole table once the variable has been gathered
     # from (TF's copy-on-read mode, i.e. after any training step) or
@@ -262,29 +329,46 @@ class QuantizedTable(tf.Module):  # type: ignore[misc]
     one-byte elements ran slower than the float32 gather of the same rows;
     unpacking (`tf.bitcast`) is free, so the answer is the same bits.
 
+    The variables are made first and filled a chunk of rows at a time, so
+    that making the table holds its variables and one chunk, never a whole
+    array of codes beside them.
+
     Args:
-        values: The float32 table `[rows, dim]`: an array, a tensor or a
-            variable (read a chunk of rows at a time, `quantize_rows`).
+        values: The float32 table `[rows, dim]`: an array, a tensor, a
+            variable or a `RowSource` (read a chunk of rows at a time,
+            `quantized_chunks`).
         table_dtype: "bfloat16" or "int8".
         name: The table's name (in errors and variable names).
     """
 
     def __init__(self, values: Any, table_dtype: str, name: str):
         super().__init__(name=f"{name}_{table_dtype}")
-        codes, scale_offset = quantize_rows(values, table_dtype, name)
         self.table_dtype = table_dtype
-        self._code_dtype = tf.as_dtype(codes.dtype)
-        self._dimension = int(codes.shape[1])
-        self.codes = tf.Variable(
-            packed_words(codes), trainable=False, name=f"{name}_{table_dtype}"
+        rows, dim = (int(n) for n in values.shape)
+        self._code_dtype = tf.as_dtype(_code_dtype(table_dtype))
+        self._dimension = dim
+        words = packed_words(
+            np.zeros((1, dim), self._code_dtype.as_numpy_dtype)
+        )
+        self.codes = _empty_variable(
+            [rows, words.shape[1]], words.dtype, f"{name}_{table_dtype}"
         )
         self.scale_offset = (
             None
-            if scale_offset is None
-            else tf.Variable(
-                scale_offset, trainable=False, name=f"{name}_scale_offset"
-            )
+            if table_dtype != "int8"
+            else _empty_variable([rows, 2], np.float32, f"{name}_scale_offset")
         )
+        for start, codes, scale_offset in quantized_chunks(
+            values, table_dtype, name
+        ):
+            positions = tf.range(start, start + len(codes))
+            self.codes.scatter_update(
+                tf.IndexedSlices(packed_words(codes), positions)
+            )
+            if self.scale_offset is not None:
+                self.scale_offset.scatter_update(
+                    tf.IndexedSlices(scale_offset, positions)
+                )
 
     @property
     def shape(self) -> Any:
@@ -303,6 +387,29 @@ class QuantizedTable(tf.Module):  # type: ignore[misc]
         if self.scale_offset is None:
             return tf.cast(codes, tf.float32)
         return dequantize_rows(codes, tf.gather(self.scale_offset, ids))
+
+
+def _empty_variable(shape: list[int], dtype: Any, name: str) -> tf.Variable:
+    """A zero variable of `shape` on this process's CPU, one copy even
+    inside a distribution strategy's scope (the class itself, not
+    `tf.Variable`, whose variable creators the strategy joins)."""
+    with tf.init_scope(), tf.device(CLIENT_CPU):
+        variable: tf.Variable = tf_resource_variable_ops.ResourceVariable(
+            tf.zeros(shape, dtype), trainable=False, name=name
+        )
+    return variable
+
+
+def float_serving_table(source: Any, name: str) -> tf.Variable:
+    """A float32 serving copy of a table read a chunk at a time (a
+    `RowSource`: the TPU engine's tables), checked finite."""
+    rows, dim = (int(n) for n in source.shape)
+    table = _empty_variable([rows, dim], np.float32, name)
+    for start, codes, _ in quantized_chunks(source, "float32", name):
+        table.scatter_update(
+            tf.IndexedSlices(codes, tf.range(start, start + len(codes)))
+        )
+    return table
 
 
 def quantized_copies(

@@ -35,22 +35,32 @@ runs on real hardware only through `examples/tpu_smoke.py`.
 from __future__ import annotations
 
 from typing import Any
-from typing import Mapping
+from typing import Iterator
 from typing import Sequence
 
 import numpy as np
 
+from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
+from keras_tpu_embed.export.quantization import QuantizedTable
+from keras_tpu_embed.export.quantization import float_serving_table
 from keras_tpu_embed.lookup import engine_checks
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.engine_step import EngineStep
 from keras_tpu_embed.lookup.engine_variables import EngineMember
+from keras_tpu_embed.lookup.engine_variables import EngineRows
 from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
 from keras_tpu_embed.tpu import hardware as tpu_hardware
 from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
+
+KERAS_FILE_TABLE_LIMIT_BYTES = 2 * 2**30
+"""The largest engine table or slot a `.keras` or `.weights.h5` file
+carries (2 GiB): Keras stores each variable whole, so saving or loading one
+passes it whole through the process that runs Keras; TensorFlow checkpoints
+save each host's shard on its host and have no such limit."""
 
 
 class SharedEngine(EngineStep):
@@ -268,16 +278,55 @@ class EngineTables:
                 keys[key] = (table, slot)
         return keys
 
-    def file_values(self) -> dict[str, Any]:
-        """File key -> the table or slot as it is on the TPU now."""
-        keys = self.file_keys()
-        if not keys:
-            return {}
-        values = self.engine.read_tables(self.table_names)
-        return {key: values[table_slot] for key, table_slot in keys.items()}
+    def _check_file_size(self, action: str) -> None:
+        """Refuses tables too large to pass whole through this process.
 
-    def split_file(self, store: Any) -> tuple[Any, dict[str, Any]]:
-        """A `.keras` weights store as (the layer's own, the engine's).
+        Keras' `.keras` and `.weights.h5` files store each variable as one
+        array (`saving_lib.H5IOStore`), so each engine table and slot is
+        read into this process whole to be saved, and whole to be loaded.
+
+        Raises:
+            ValueError: a table or slot of more than
+                `KERAS_FILE_TABLE_LIMIT_BYTES`, naming it and the
+                checkpoint path that works one host shard at a time.
+        """
+        for key, (table, slot) in self.file_keys().items():
+            rows, dim = self.engine.table_slots(table)[slot]
+            size = rows * dim * 4
+            if size > KERAS_FILE_TABLE_LIMIT_BYTES:
+                raise ValueError(
+                    f"Cannot {action} the engine table '{table}' of "
+                    f"{self._layer} ('{key}', {rows} x {dim} float32, "
+                    f"{size} bytes) in a Keras file: Keras' .keras and "
+                    ".weights.h5 files hold each table whole, which would "
+                    "pass it through this one process, and tables over "
+                    f"KERAS_FILE_TABLE_LIMIT_BYTES={KERAS_FILE_TABLE_LIMIT_BYTES}"
+                    " bytes are refused. Use tf.train.Checkpoint(model=model) "
+                    "(or tf.train.Checkpoint(embedding=kte.engine_checkpoint("
+                    "model)) with kte.restore_tables), which save and restore "
+                    "each host's shard on that host."
+                )
+
+    def file_values(self) -> Iterator[tuple[str, Any]]:
+        """File key -> the table or slot as it is on the TPU now, one at
+        a time (each read when the previous one is written).
+
+        Raises:
+            ValueError: a table too large for a Keras file
+                (`KERAS_FILE_TABLE_LIMIT_BYTES`).
+        """
+        self._check_file_size("save")
+        for key, (table, slot) in self.file_keys().items():
+            value = np.concatenate(
+                [
+                    self.engine.read_shard(table, slot, shard).numpy()
+                    for shard in self.engine.shards_of(table)
+                ]
+            )
+            yield key, value
+
+    def split_file(self, store: Any) -> tuple[Any, list[str]]:
+        """A `.keras` weights store as (the layer's own, the engine's keys).
 
         A store of Keras' positional keys (`"0"`, `"1"`, ...) is all the
         layer's own, for its positional rule.
@@ -288,7 +337,7 @@ class EngineTables:
         engine_keys = self.file_keys()
         keys = [str(key) for key in store.keys()]
         if not engine_keys or all(key.isdigit() for key in keys):
-            return store, {}
+            return store, []
         missing = sorted(set(engine_keys) - set(keys))
         if missing:
             raise ValueError(
@@ -298,31 +347,46 @@ class EngineTables:
                 "same columns."
             )
         own = {key: store[key] for key in keys if key not in engine_keys}
-        return own, {key: store[key] for key in engine_keys}
+        return own, [key for key in keys if key in engine_keys]
 
-    def refuse_quantized(self, table_dtype: str) -> None:
-        """Quantized serving copies are of the layer's own tables only.
+    def serving_tables(
+        self, table_dtype: str
+    ) -> dict[str, QuantizedTable | tf.Variable]:
+        """Serving copies of this layer's engine tables, without slots.
+
+        Each is read from the chip's current values (one retrieve) a block
+        of rows at a time, each block from the host that holds it, into a
+        table of one copy on this process (`quantization.
+        float_serving_table`, or `QuantizedTable` for bfloat16 and int8).
 
         Raises:
-            ValueError: `table_dtype` is not float32; the engine's rows are
-                not the layer's to copy.
+            ValueError: a table with NaN or inf values, naming its rows.
         """
-        if self.table_names and table_dtype != "float32":
-            raise ValueError(
-                f"table_dtype='{table_dtype}' quantizes the tables a layer "
-                f"holds itself, but the tables {self.table_names} of layer "
-                f"'{self._member.name}' live in the TPU embedding engine. "
-                "Export them with table_dtype='float32'."
+        tables: dict[str, QuantizedTable | tf.Variable] = {}
+        for name in self.table_names:
+            rows = EngineRows(self.engine, name, "parameters")
+            tables[name] = (
+                float_serving_table(rows, name)
+                if table_dtype == "float32"
+                else QuantizedTable(rows, table_dtype, name)
             )
+        return tables
 
-    def load_file_values(self, values: Mapping[str, Any]) -> None:
-        """Loads file key -> value onto the TPU (at the engine's first step
-        when TF has not created the tables yet)."""
-        self.engine.write_tables(
-            {
-                table_slot: np.asarray(values[key])
-                for key, table_slot in self.file_keys().items()
-            }
+    def load_file_values(self, store: Any, keys: Sequence[str]) -> None:
+        """Loads `keys` of a weights store onto the TPU, one table or slot
+        read at a time (at the engine's first step when TF has not created
+        the tables yet).
+
+        Raises:
+            ValueError: a table too large for a Keras file
+                (`KERAS_FILE_TABLE_LIMIT_BYTES`).
+        """
+        self._check_file_size("load")
+        file_keys = self.file_keys()
+        for key in keys:
+            self.engine.write_tables({file_keys[key]: store[key]}, load=False)
+        self.engine.load_tables(
+            list(dict.fromkeys(file_keys[key][0] for key in keys))
         )
 
     def track_checkpoints(self, module: Any) -> None:

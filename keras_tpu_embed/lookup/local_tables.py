@@ -71,8 +71,9 @@ class LocalTables:
         self._trigger: Any = None
         self._counts_step = True
         # Set by the layer's `serving_lookups(table_dtype=...)` while an
-        # export traces.
-        self.serving_tables: dict[str, QuantizedTable] = {}
+        # export traces: copies served instead of the tables (quantized, or
+        # of tables the TPU engine holds).
+        self.serving_tables: dict[str, QuantizedTable | tf.Variable] = {}
 
     def create_variables(
         self,
@@ -174,13 +175,13 @@ class LocalTables:
         """Looks every table up; in training, its rows go through the trap."""
         lookups = self.lookups(features, phase)
         variables: dict[str, TableValues] = {
-            t.name: self._variables[t.name].value for t in self.tables
+            t.name: (
+                self.serving_tables[t.name]
+                if phase.serving and t.name in self.serving_tables
+                else self._variables[t.name].value
+            )
+            for t in self.tables
         }
-        if phase.serving:
-            variables = {
-                name: self.serving_tables.get(name, variable)
-                for name, variable in variables.items()
-            }
         trapped: dict[str, Tensor] | None = None
         if phase.training and lookups:
             rows: dict[str, Tensor] = {}

@@ -93,9 +93,10 @@ def check_called_where_built(
             f"{layer} was built under TPUStrategy and its tables live in the "
             "TPU embedding engine, but it is called outside that strategy. "
             "Call the model through model.fit / evaluate / predict under "
-            "the strategy. To run on CPU or export for serving, build the "
-            "same model outside the strategy and restore "
-            "tf.train.Checkpoint(embedding=kte.engine_checkpoint(model))."
+            "the strategy; export it for serving with "
+            "kte.export_saved_model(model, path). To run it on CPU, build "
+            "the same model outside the strategy and restore "
+            "tf.train.Checkpoint(model=model) into it."
         )
     if built_on is EmbeddingHardware.NONE and now is not EmbeddingHardware.NONE:
         raise RuntimeError(
