@@ -136,6 +136,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        tpu_hardware.refuse_unsupported_strategy(
+            f"{type(self).__name__} '{self.name}'"
+        )
         # Read by `_trackable_children`, which runs from here on: set first.
         self._engine_tables: EngineTables | None = None
         # The devices of a serving export while `serving_lookups` traces it.
@@ -272,6 +275,9 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     # ------------------------------------------------------------------ build
 
     def build(self, input_shape: Any = None) -> None:
+        tpu_hardware.refuse_unsupported_strategy(
+            f"{type(self).__name__} '{self.name}'"
+        )
         strategy = tf.distribute.get_strategy()
         hardware = tpu_hardware.embedding_hardware(strategy)
         self._devices = plan_devices(

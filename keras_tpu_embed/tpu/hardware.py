@@ -47,6 +47,33 @@ def embedding_hardware(strategy: Any) -> EmbeddingHardware:
     return EmbeddingHardware.NO_ENGINE
 
 
+_PARAMETER_SERVER_STRATEGIES = (
+    tf.distribute.experimental.ParameterServerStrategy,
+    tf.compat.v1.distribute.experimental.ParameterServerStrategy,
+)
+
+
+def refuse_unsupported_strategy(layer: str) -> None:
+    """Raises under a strategy the layers cannot train on yet.
+
+    `ParameterServerStrategy` with a `variable_partitioner` makes a table
+    a `ShardedVariable`, whose `tf.gather` returns rows grouped by shard,
+    not in id order: lookups would answer with other ids' rows.
+
+    Raises:
+        RuntimeError: naming the strategy and what to use instead.
+    """
+    strategy = tf.distribute.get_strategy()
+    if isinstance(strategy, _PARAMETER_SERVER_STRATEGIES):
+        raise RuntimeError(
+            f"{layer} is created or built under {type(strategy).__name__}, "
+            "which keras_tpu_embed does not support yet: its partitioned "
+            "tables would be looked up out of id order. Train with "
+            "MultiWorkerMirroredStrategy or MirroredStrategy (tables copied "
+            "to every worker), TPUStrategy, or no strategy."
+        )
+
+
 def sparse_cores_per_chip(strategy: Any) -> int:
     """SparseCores per TPU chip, as `TPUEmbeddingV2` reads them: 4 when the
     hardware feature does not say (`tpu_embedding_v3.py`)."""
