@@ -312,6 +312,21 @@ def engine_optimizer_slot_names(optimizer: Any) -> list[str]:
     return list(optimizer._slot_names())
 
 
+def wrap_v1_enqueue_op(
+    mid_level: MidLevelEmbedding,
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> None:
+    """Replaces `TPUEmbedding._generate_enqueue_op` by `wrap(original)`.
+
+    `TPUEmbedding.enqueue` (`tensorflow/python/tpu/tpu_embedding_v2.py`)
+    calls it with the step's flat inputs, weights and features, under
+    outside compilation in a TPU step (on the host), after its checks that
+    the inputs are the step's direct inputs: the one place where the ids
+    can be rewritten on the host and still be enqueued.
+    """
+    mid_level._generate_enqueue_op = wrap(mid_level._generate_enqueue_op)
+
+
 def wrap_sparsecore_preprocessing(
     mid_level: MidLevelEmbedding,
     wrap: Callable[[Callable[..., Any]], Callable[..., Any]],

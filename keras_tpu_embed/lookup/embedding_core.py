@@ -46,6 +46,7 @@ from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.export.quantization import QuantizedTable
 from keras_tpu_embed.export.quantization import float_serving_table
 from keras_tpu_embed.lookup import engine_checks
+from keras_tpu_embed.lookup import engine_host_ids
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.engine_step import EngineStep
@@ -180,6 +181,7 @@ class SharedEngine(EngineStep):
         )
         self._members.append(member)
         self._feature_configs.update(features)
+        self._host_rules.update(engine_host_ids.host_id_rules(columns))
         for feature in features.values():
             self._table_owner[feature.table.name] = layer_name
         self._pipeline = config.pipeline_execution_with_tensor_core
@@ -210,11 +212,13 @@ class SharedEngine(EngineStep):
         `build`, which the first enqueue calls. So the object can be
         replaced until the first step.
         """
-        return tpu_hardware.mid_level_class(self.hardware)(
+        mid_level = tpu_hardware.mid_level_class(self.hardware)(
             feature_config=dict(self._feature_configs),
             optimizer=self._optimizer,
             pipeline_execution_with_tensor_core=self._pipeline,
         )
+        engine_host_ids.apply_on_host(mid_level, self._host_rules)
+        return mid_level
 
 
 class EngineTables:

@@ -38,6 +38,7 @@ from keras_tpu_embed._tf_private import mid_level_load_variables
 from keras_tpu_embed._tf_private import mid_level_retrieve
 from keras_tpu_embed._tf_private import mid_level_table_variables
 from keras_tpu_embed.config import EmbeddingConfig
+from keras_tpu_embed.lookup.engine_host_ids import HostIdRule
 from keras_tpu_embed.tpu.hardware import EmbeddingHardware
 from keras_tpu_embed.types import Tensor
 
@@ -105,6 +106,9 @@ class EngineVariables:
         self.hardware = hardware
         self._members: list[EngineMember] = []
         self._feature_configs: dict[str, Any] = {}
+        # Each column's id rules, applied on the host at the enqueue
+        # (`engine_host_ids.py`), by feature name.
+        self._host_rules: dict[str, HostIdRule] = {}
         self._table_owner: dict[str, str] = {}
         self._pipeline: bool | None = None
         self._mid_level: Any = None
