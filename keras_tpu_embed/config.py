@@ -60,8 +60,9 @@ class EmbeddingConfig:
             table's update is skipped and the step fails with an
             `InvalidArgumentError` naming the table and the step; XLA drops
             assertions, so in a jit-compiled step the update is only
-            skipped. `"allow"`: the update is applied as computed. Applies
-            to the tables the layer holds, not to the TPU embedding engine's.
+            skipped. `"allow"`: the update is applied as computed. On the
+            TPU embedding engine the check runs on the host before the
+            gradients are sent (the whole step's update is skipped).
         max_ids_per_example: On SparseCore TPUs (v5p, v6e and later), the
             most ids one example of a column holds, by column name. The
             SparseCore engine holds each step's ids in buffers of a fixed

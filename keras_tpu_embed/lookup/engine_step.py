@@ -14,12 +14,15 @@ raises at the enqueue are turned into ones that name the fix.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from typing import AbstractSet
 from typing import Any
+from typing import Callable
 
 from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._compat import tf_tpu_replication
 from keras_tpu_embed._compat import tf_tpu_util
 from keras_tpu_embed._tf_private import mid_level_built
 from keras_tpu_embed._tf_private import replica_index
@@ -28,6 +31,7 @@ from keras_tpu_embed.lookup.engine_variables import EngineMember
 from keras_tpu_embed.lookup.engine_variables import EngineVariables
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.optimizers import embedding_step as update_rules
+from keras_tpu_embed.optimizers import row_update
 from keras_tpu_embed.tpu.hardware import EmbeddingHardware
 from keras_tpu_embed.types import Tensor
 
@@ -40,6 +44,25 @@ class _Step:
     name: str
     activations: dict[str, Tensor]
     served: set[str] = dataclasses.field(default_factory=set)
+
+
+def _assert_on_host(
+    condition: Tensor, message: Callable[[Tensor], list[Any]], step: Tensor
+) -> Tensor:
+    """`tf.debugging.Assert(condition, message(step))`, run on the host in
+    a TPU step (outside compilation); returns a value to depend on."""
+
+    def check(condition: Tensor, step: Tensor) -> Tensor:
+        assertion = tf.debugging.Assert(condition, message(step))
+        with tf.control_dependencies([assertion]):
+            return tf.identity(condition)
+
+    if tf_tpu_util.enclosing_tpu_context() is None:
+        return check(condition, step)
+    result: Tensor = tf_tpu_replication.outside_compilation(
+        check, condition, step
+    )
+    return result
 
 
 def _replica_id() -> int:
@@ -187,6 +210,36 @@ class EngineStep(EngineVariables):
                 )
         return scaled
 
+    def _refuse_non_finite(self, gradients: dict[str, Any]) -> dict[str, Any]:
+        """Gradients that never reach the engine when not finite.
+
+        For every layer whose `EmbeddingConfig.non_finite_updates` is
+        "raise", each feature's gradient is checked: a NaN or inf fails the
+        step with an `InvalidArgumentError` naming the table and the step,
+        before the gradients are sent, as the CPU path does. The check
+        runs on the host (outside compilation in a TPU step: XLA drops
+        assertions on the chip), and the gradient of a failed check is
+        zeroed on the chip, so that it is never applied as it is.
+        """
+        checked = dict(gradients)
+        for member in self._members:
+            if member.config.non_finite_updates != "raise":
+                continue
+            for feature in member.features:
+                table = self._feature_configs[feature].table.name
+                gradient = checked[feature]
+                finite = row_update.all_finite(gradient)
+                done = _assert_on_host(
+                    finite,
+                    functools.partial(row_update.non_finite_message, table),
+                    member.step.value,
+                )
+                with tf.control_dependencies([done]):
+                    checked[feature] = tf.where(
+                        finite, gradient, tf.zeros_like(gradient)
+                    )
+        return checked
+
     def _count_step(self) -> Tensor:
         """Counts the step once on every member; returns a scalar.
 
@@ -229,8 +282,10 @@ class EngineStep(EngineVariables):
         self._enqueue(features, weights, name)
 
         def apply_gradients(gradients: list[Tensor]) -> Tensor:
-            packed = self._scaled_gradients(
-                tf.nest.pack_sequence_as(self._feature_configs, gradients)
+            packed = self._refuse_non_finite(
+                self._scaled_gradients(
+                    tf.nest.pack_sequence_as(self._feature_configs, gradients)
+                )
             )
             mid_level.apply_gradients(packed, name=name)
             return self._count_step()

@@ -390,8 +390,10 @@ class SparseCoreEngine(SharedEngine):
             return list(tf.nest.flatten(activations))
 
         def apply_gradients(gradients: list[Tensor]) -> Tensor:
-            packed = self._scaled_gradients(
-                tf.nest.pack_sequence_as(self._feature_configs, gradients)
+            packed = self._refuse_non_finite(
+                self._scaled_gradients(
+                    tf.nest.pack_sequence_as(self._feature_configs, gradients)
+                )
             )
             mid_level.apply_gradients(
                 packed, preserved_outputs=preserved["outputs"]

@@ -185,17 +185,7 @@ def refuse_non_finite(
     """
     gradient = arguments["gradient"]
     finite = all_finite(gradient)
-    check = tf.debugging.Assert(
-        finite,
-        [
-            f"Embedding table '{table_name}' received a NaN or inf gradient "
-            "at embedding step",
-            step,
-            "; its update was skipped. Find the non-finite operation "
-            "(tf.debugging.enable_check_numerics()), or set "
-            "EmbeddingConfig(non_finite_updates='allow').",
-        ],
-    )
+    check = tf.debugging.Assert(finite, non_finite_message(table_name, step))
     with tf.control_dependencies([check]):
         guard = tf.identity(finite)
     if arguments.get("guard") is not None:
@@ -209,6 +199,19 @@ def refuse_non_finite(
         ),
         guard=guard,
     )
+
+
+def non_finite_message(table_name: str, step: Tensor) -> list[Any]:
+    """The assertion data that names a table whose gradient is not finite
+    and the embedding step."""
+    return [
+        f"Embedding table '{table_name}' received a NaN or inf gradient "
+        "at embedding step",
+        step,
+        "; its update was skipped. Find the non-finite operation "
+        "(tf.debugging.enable_check_numerics()), or set "
+        "EmbeddingConfig(non_finite_updates='allow').",
+    ]
 
 
 def all_finite(values: Tensor) -> Tensor:
