@@ -80,6 +80,12 @@ def _mid_level(layers, optimizer):
     return mid
 
 
+def _built(layers):
+    for layer in layers:
+        layer.build()
+    return layers
+
+
 def _values(layers):
     values = {}
     for layer in layers:
@@ -114,7 +120,11 @@ def test_round_trip_through_the_mid_level_object(name, tmp_path):
     unmoved = [k for k in trained if np.array_equal(trained[k], initial[k])]
     assert unmoved == [], unmoved
 
-    ours = tf.train.Checkpoint(embedding=kte.engine_checkpoint(list(layers)))
+    # Without the layers' steps, which the mid-level object has no place
+    # for (assert_consumed would name them).
+    ours = tf.train.Checkpoint(
+        embedding=kte.engine_checkpoint(list(layers), steps=False)
+    )
     path = ours.save(str(tmp_path / "ours"))
 
     mid = _mid_level(layers, optimizer)
@@ -132,12 +142,58 @@ def test_round_trip_through_the_mid_level_object(name, tmp_path):
     for layer in fresh:
         layer.build()
     status = tf.train.Checkpoint(
-        embedding=kte.engine_checkpoint(list(fresh))
+        embedding=kte.engine_checkpoint(list(fresh), steps=False)
     ).restore(mid_path)
     status.assert_consumed()
+    # restore_tables reads the mid-level object's checkpoint as it is.
+    kte.restore_tables(list(_built(_layers(optimizer))), mid_path)
     restored = _values(fresh)
     for key, value in trained.items():
         np.testing.assert_array_equal(restored[key], value, err_msg=key)
+
+
+def test_engine_checkpoint_carries_each_layers_step(tmp_path):
+    """A `learning_rate_fn` schedule reads the step: a restore that left it
+    at 0 restarted the schedule."""
+    layers = _layers(OPTIMIZERS["adagrad"])
+    _train(layers, steps=4)
+    assert [int(layer.embedding_step.numpy()) for layer in layers] == [4, 4]
+    path = tf.train.Checkpoint(
+        embedding=kte.engine_checkpoint(list(layers))
+    ).write(str(tmp_path / "ck"))
+    for restore in ("read", "restore_tables"):
+        fresh = _layers(OPTIMIZERS["adagrad"])
+        for layer in fresh:
+            layer.build()
+        if restore == "read":
+            tf.train.Checkpoint(
+                embedding=kte.engine_checkpoint(list(fresh))
+            ).read(path).assert_consumed()
+        else:
+            kte.restore_tables(list(fresh), path)
+        assert [int(layer.embedding_step.numpy()) for layer in fresh] == [
+            4,
+            4,
+        ], restore
+
+
+def test_restore_tables_keeps_the_steps_of_a_checkpoint_without_them(
+    tmp_path,
+):
+    """As TF's mid-level object writes them: tables and slots only."""
+    layers = _layers(OPTIMIZERS["adagrad"])
+    _train(layers, steps=2)
+    path = tf.train.Checkpoint(
+        embedding=kte.engine_checkpoint(list(layers), steps=False)
+    ).write(str(tmp_path / "ck"))
+    fresh = _layers(OPTIMIZERS["adagrad"])
+    _train(fresh, steps=3)
+    kte.restore_tables(list(fresh), path)
+    assert [int(layer.embedding_step.numpy()) for layer in fresh] == [3, 3]
+    np.testing.assert_array_equal(
+        fresh[0].table_variable("user").numpy(),
+        layers[0].table_variable("user").numpy(),
+    )
 
 
 def test_engine_checkpoint_refuses_duplicate_and_unbuilt_tables():

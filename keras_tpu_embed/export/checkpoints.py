@@ -31,11 +31,30 @@ from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
 
 
 class EngineCheckpointView(tf.Module):  # type: ignore[misc]
-    """Tables as `<table>` and slots as `<table>/<slot>`, for checkpoints."""
+    """Tables as `<table>` and slots as `<table>/<slot>`, for checkpoints;
+    each layer's `embedding_step` under `embedding_steps/<table>`."""
 
     def __init__(self) -> None:
         super().__init__(name="embedding_engine_checkpoint")
         self._named: list[tuple[str, Any]] = []
+
+    def track_steps(self, steps: dict[str, Any]) -> None:
+        """Tracks `{table name: its layer's embedding_step variable}`.
+
+        The step drives `learning_rate_fn` schedules: a restore without it
+        would start them over. Keyed by table name, as the tables are
+        (layer names may differ between the models that write and read):
+        a layer's step is one variable, saved once. A TPU mid-level
+        object's checkpoint has no steps: `restore_tables` then leaves them
+        as they are; restoring one of these into a mid-level object leaves
+        the steps unread.
+        """
+        module = tf.Module(name="embedding_steps")
+        for table, variable in sorted(steps.items()):
+            if isinstance(variable, keras.Variable):
+                variable = variable.value
+            setattr(module, table, variable)
+        self.embedding_steps = module
 
     def track(self, name: str, variable: Any) -> None:
         """Tracks `variable` (its tf.Variable, which the engine saves)."""
@@ -49,12 +68,19 @@ class EngineCheckpointView(tf.Module):  # type: ignore[misc]
         return list(self._named)
 
 
-def engine_checkpoint(model_or_layers: Any) -> Any:
+def engine_checkpoint(model_or_layers: Any, steps: bool = True) -> Any:
     """A trackable holding every table and slot under the engine's names.
 
     Args:
         model_or_layers: A Keras model, an embedding layer, or a list of
             them. Layers must be built.
+        steps: Also hold each layer's `embedding_step` (under
+            `embedding_steps/<table name>` for each of its tables), which
+            `learning_rate_fn` schedules read. A checkpoint of TF's TPU
+            mid-level object has none: read one with `restore_tables`
+            (which then keeps the steps) or a view made with
+            `steps=False`, whose checkpoints TF's mid-level object reads
+            with nothing left over.
 
     Returns:
         A `tf.Module` to put in a `tf.train.Checkpoint`; restoring into it
@@ -127,6 +153,14 @@ def engine_checkpoint(model_or_layers: Any) -> Any:
                 names.append((f"{table.name}/{slot}", variable))
     for name, variable in names:
         view.track(name, variable)
+    if steps:
+        view.track_steps(
+            {
+                table.name: layer.embedding_step
+                for layer in layers
+                for table in layer.table_specs
+            }
+        )
     return view
 
 
@@ -191,11 +225,16 @@ def restore_tables(
     from a checkpoint written on CPU; before the engine's first step, TF
     builds them from the checkpoint at that step.
     """
-    view = engine_checkpoint(model_or_layers)
     try:
         saved = dict(tf.train.list_variables(path))
     except LOAD_ERRORS as error:
         raise damaged_file_error(path, error) from error
+    # Checkpoints of TF's mid-level object (and of this package before it
+    # saved the steps) have no steps: the layers keep theirs.
+    view = engine_checkpoint(
+        model_or_layers,
+        steps=any(k.startswith(f"{prefix}/embedding_steps/") for k in saved),
+    )
     problems = []
     for name, shape, _ in _named_tables(view):
         key = f"{prefix}/{name.replace('/', '.S')}{_KEY_SUFFIX}"
