@@ -45,11 +45,8 @@ import numpy as np
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_resource_variable_ops
+from keras_tpu_embed.tpu.hardware import CLIENT_CPU
 from keras_tpu_embed.types import Tensor
-
-CLIENT_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
-"""This process's CPU: where serving copies of tables are made (on a pod,
-the client, not a host)."""
 
 TABLE_DTYPES = ("float32", "bfloat16", "int8")
 """The `table_dtype` choices of a serving export."""

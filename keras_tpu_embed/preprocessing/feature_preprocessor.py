@@ -33,6 +33,7 @@ from keras_tpu_embed.preprocessing.ids import width_of
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.serialization import with_load_hint
 from keras_tpu_embed.serialization import without_load_hint
+from keras_tpu_embed.tpu.hardware import CLIENT_CPU
 from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
 
@@ -150,7 +151,12 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
         self._columns_arg = [_as_spec(c) for c in columns]
         self.categorical_columns = categorical_columns_of(self._columns_arg)
         self.dense_widths = tensor_core_widths(self._columns_arg)
-        self._mappings = [c.id_mapping() for c in self.categorical_columns]
+        # Its lookup tables live on this process's CPU, also when it is
+        # made in a strategy's scope: on a pod the scope would place them on
+        # a host, and the input pipelines that this process builds and sends
+        # to each host as a graph could not reach them.
+        with tf.init_scope(), tf.device(CLIENT_CPU):
+            self._mappings = [c.id_mapping() for c in self.categorical_columns]
         self._warned_extra_keys = False
         self.built = True
 
@@ -285,7 +291,12 @@ class FeaturePreprocessor(keras.layers.Layer):  # type: ignore[misc]
             self._columns_arg, dir_path
         )
         self.categorical_columns = categorical_columns_of(self._columns_arg)
-        self._mappings = [c.id_mapping() for c in self.categorical_columns]
+        # Its lookup tables live on this process's CPU, also when it is
+        # made in a strategy's scope: on a pod the scope would place them on
+        # a host, and the input pipelines that this process builds and sends
+        # to each host as a graph could not reach them.
+        with tf.init_scope(), tf.device(CLIENT_CPU):
+            self._mappings = [c.id_mapping() for c in self.categorical_columns]
 
 
 def _as_spec(column: ColumnLike) -> ColumnSpec:

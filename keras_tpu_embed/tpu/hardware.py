@@ -15,6 +15,11 @@ from typing import Any
 
 from keras_tpu_embed._compat import tf
 
+CLIENT_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
+"""This process's CPU. On a pod it is the client's (which builds the input
+pipelines and serving copies), not a host's; a strategy's scope would
+place resources on a host, where another process cannot reach them."""
+
 _TPU_STRATEGIES = (
     tf.distribute.TPUStrategy,
     tf.distribute.experimental.TPUStrategy,
