@@ -33,8 +33,10 @@ def test_save_weights_carries_the_engine_tables_to_cpu(tmp_path):
     path = str(tmp_path / "engine.weights.h5")
     with emulated_tpu(2, embedding_feature="V1") as strategy:
         model = _trained(strategy)
-        expected = models.engine_values(model)
+        # Saved first: the save refreshes the host copies from the chip
+        # itself (engine_values reads them after TF's own retrieve).
         model.save_weights(path)
+        expected = models.engine_values(model)
     cpu = _cpu_model()
     cpu.load_weights(path)
     models.assert_values_equal(models.local_values(cpu), expected)
@@ -68,8 +70,8 @@ def test_keras_archive_carries_the_engine_tables(tmp_path):
     path = str(tmp_path / "model.keras")
     with emulated_tpu(2, embedding_feature="V1") as strategy:
         model = _trained(strategy)
-        expected = models.engine_values(model)
         model.save(path)
+        expected = models.engine_values(model)
     loaded = keras.saving.load_model(path)
     models.assert_values_equal(models.local_values(loaded), expected)
 
@@ -146,9 +148,9 @@ def test_save_weights_of_a_mixed_layer_carries_both_kinds(tmp_path):
         assert [t.name for t in layer.local_table_specs] == ["item"]
         assert layer.engine is not None
         model.fit(models.batches(strategy), epochs=1, verbose=0)
+        model.save_weights(path)
         engine = models.engine_values(model)
         assert sorted(engine) == ["user", "user/accumulators"]
-        model.save_weights(path)
     cpu = _mixed_model(kte.optimizers.Adagrad(0.1))
     cpu.load_weights(path)
     values = models.local_values(cpu)
