@@ -27,9 +27,12 @@ from keras_tpu_embed.export.export_records import damaged_file_error
 from keras_tpu_embed.export.loading import LOAD_ERRORS
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
+from keras_tpu_embed.lookup.sparsecore_checkpoint import EngineTableHandle
+from keras_tpu_embed.lookup.sparsecore_checkpoint import TableContainer
+from keras_tpu_embed.lookup.sparsecore_checkpoint import saved_table_shapes
 
 
-class EngineCheckpointView(tf.Module):  # type: ignore[misc]
+class EngineCheckpointView(TableContainer):
     """Tables as `<table>` and slots as `<table>/<slot>`, for checkpoints."""
 
     def __init__(self) -> None:
@@ -102,16 +105,10 @@ def engine_checkpoint(model_or_layers: Any) -> Any:
     local = [(layer, layer.local_table_specs) for layer in layers]
     if engine is not None:
         for table_name in engine.table_names:
-            for slot in engine.table_slots(table_name):
-                name = (
-                    table_name
-                    if slot == "parameters"
-                    else f"{table_name}/{slot}"
-                )
-                owners[table_name] = "the TPU embedding engine"
-                names.append(
-                    (name, EngineTableCheckpoint(engine, table_name, slot))
-                )
+            owners[table_name] = "the TPU embedding engine"
+        names.extend(engine.checkpoint_tables(engine.table_names).items())
+        for name, extra in engine.checkpoint_extras(engine.table_names).items():
+            setattr(view, name, extra)
     for layer, tables in local:
         for table in tables:
             if table.name in owners:
@@ -148,7 +145,7 @@ def _named_tables(view: EngineCheckpointView) -> list[_NamedTable]:
             name,
             list(variable.shape),
             variable.read
-            if isinstance(variable, EngineTableCheckpoint)
+            if isinstance(variable, (EngineTableCheckpoint, EngineTableHandle))
             else functools.partial(tf.convert_to_tensor, variable),
         )
         for name, variable in view.named_variables()
@@ -177,6 +174,8 @@ def restore_tables(
     view = engine_checkpoint(model_or_layers)
     try:
         saved = dict(tf.train.list_variables(path))
+        # Tables saved on SparseCore, by the key and shape they have on CPU.
+        saved.update(saved_table_shapes(path, prefix))
     except LOAD_ERRORS as error:
         raise damaged_file_error(path, error) from error
     problems = []

@@ -39,9 +39,14 @@ from keras_tpu_embed.lookup import sparsecore_buffers
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.lookup.initialization import EngineInitializer
-from keras_tpu_embed.lookup.sparsecore_shards import InitializerRows
+from keras_tpu_embed.lookup.sparsecore_checkpoint import SPARSE_CORE
+from keras_tpu_embed.lookup.sparsecore_checkpoint import EngineTableHandle
+from keras_tpu_embed.lookup.sparsecore_checkpoint import SparseCoreTable
+from keras_tpu_embed.lookup.sparsecore_checkpoint import SparseCoreTableValues
+from keras_tpu_embed.lookup.sparsecore_checkpoint import local_name
 from keras_tpu_embed.lookup.sparsecore_shards import SparseCoreInitializer
 from keras_tpu_embed.lookup.sparsecore_shards import as_rows
+from keras_tpu_embed.lookup.sparsecore_shards import initializer_rows
 from keras_tpu_embed.lookup.sparsecore_shards import read_table
 from keras_tpu_embed.lookup.sparsecore_shards import write_table
 from keras_tpu_embed.tpu import hardware as tpu_hardware
@@ -308,6 +313,10 @@ class SparseCoreEngine(SharedEngine):
       the one asked for, is ever on the client.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._checkpoint_values: dict[tuple[str, str], SparseCoreTable] = {}
+
     def _refuse_what_it_cannot_honour(
         self,
         layer_name: str,
@@ -382,7 +391,7 @@ class SparseCoreEngine(SharedEngine):
                 layouts[table.name],
                 as_rows(restored)
                 if restored is not None
-                else InitializerRows(
+                else initializer_rows(
                     _initializer_of(table),
                     (table.vocabulary_size, table.dim),
                 ),
@@ -462,3 +471,31 @@ class SparseCoreEngine(SharedEngine):
     def tables_created(self) -> bool:
         """Whether TF created the tables (at the engine's first step)."""
         return self._tables_created()
+
+    # --------------------------------------------------------- checkpoints
+
+    def _checkpoint_table(self, table: str, slot: str) -> SparseCoreTable:
+        # One per table and slot: shared by every container that saves it.
+        key = (table, slot)
+        if key not in self._checkpoint_values:
+            self._checkpoint_values[key] = SparseCoreTable(self, table, slot)
+        return self._checkpoint_values[key]
+
+    def checkpoint_tables(self, tables: Sequence[str]) -> dict[str, Any]:
+        """`{<table> or <table>/<slot>: EngineTableHandle}`: the tables by
+        name in a checkpoint, holding no value (`sparsecore_checkpoint`)."""
+        return {
+            local_name(table, slot): EngineTableHandle(self, table, slot)
+            for table in tables
+            for slot in self.table_slots(table)
+        }
+
+    def checkpoint_extras(self, tables: Sequence[str]) -> dict[str, Any]:
+        """`{"_sparse_core": ...}`: the values of `tables` and their slots,
+        saved one SparseCore at a time (`sparsecore_checkpoint`)."""
+        values = {
+            local_name(table, slot): self._checkpoint_table(table, slot)
+            for table in tables
+            for slot in self.table_slots(table)
+        }
+        return {SPARSE_CORE: SparseCoreTableValues(values)}

@@ -37,6 +37,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.lookup import initialization
 from keras_tpu_embed.lookup import sparsecore_layout
 from keras_tpu_embed.lookup.sparsecore_layout import TableLayout
+from keras_tpu_embed.lookup.tables import CheckpointInitializer
 from keras_tpu_embed.types import InitializerLike
 from keras_tpu_embed.types import Tensor
 
@@ -166,8 +167,41 @@ def _restore(path: str, key: str, slice_spec: str, dtype: Any) -> Tensor:
     return tf.cast(value, tf.float32)
 
 
-class CheckpointRows(_ByBlocks):
-    """A `[vocabulary_size, dim]` tensor of a checkpoint, read by blocks.
+class _ReadOnce(_ByBlocks):
+    """A checkpoint tensor that is read whole, once, when a part of it
+    needs the whole: TF's bundle reader reads a whole stored tensor (or
+    stored slice) for any slice of it (measured: a 16384-row slice of a
+    `[2**20, 64]` tensor cost a whole read, 1.3 s and 256 MiB, each time),
+    so reading a block at a time would read the table once per block.
+    `release` frees it when the rows are written."""
+
+    def __init__(self, shape: Sequence[int]) -> None:
+        super().__init__(shape)
+        self._whole: Tensor | None = None
+
+    def _read_whole(self) -> Tensor:
+        raise NotImplementedError
+
+    def whole(self) -> Tensor:
+        """The table, read once."""
+        if self._whole is None:
+            self._whole = self._read_whole()
+        return self._whole
+
+    def block(self, start: int, count: int) -> Tensor:
+        return self.whole()[start : start + count]
+
+    def strided(self, first: int, step: int, count: int) -> Tensor:
+        return self.whole()[first : first + (count - 1) * step + 1 : step]
+
+    def release(self) -> None:
+        """Frees the table read whole."""
+        self._whole = None
+
+
+class CheckpointRows(_ReadOnce):
+    """A `[vocabulary_size, dim]` tensor of a checkpoint, saved whole (on
+    CPU, by the V1 engine or by an older version): read whole, once.
 
     Args:
         path: The checkpoint's path or prefix.
@@ -182,19 +216,16 @@ class CheckpointRows(_ByBlocks):
         super().__init__(shape)
         self.path, self.key, self.dtype = path, key, dtype
 
-    def block(self, start: int, count: int) -> Tensor:
-        rows, dimension = self.shape
-        return _restore(
-            self.path,
-            self.key,
-            f"{rows} {dimension} {start},{count}:-",
-            self.dtype,
-        )
+    def _read_whole(self) -> Tensor:
+        return _restore(self.path, self.key, "", self.dtype)
 
 
-class SparseCoreCheckpointRows(_ByBlocks):
-    """A table saved on SparseCore (`sparsecore_layout.checkpoint_shape`):
-    `stored[c, i]` is row `c + i * n` of the padded table.
+class SparseCoreCheckpointRows(_ReadOnce):
+    """A table saved on SparseCore (`sparsecore_layout.checkpoint_shape`),
+    one slice per SparseCore: `stored[c, i]` is row `c + i * n` of the
+    padded table. The rows of one SparseCore of the same count (`strided`
+    with step `n`) are one slice, read alone; other rows need the table,
+    read whole once.
 
     Args:
         path: The checkpoint's path or prefix.
@@ -223,6 +254,11 @@ class SparseCoreCheckpointRows(_ByBlocks):
                 f"which cannot hold a table of shape {list(self.shape)}."
             )
 
+    @property
+    def cores(self) -> int:
+        """How many SparseCores the table was saved from."""
+        return self.stored[0]
+
     def _slice(self, cores: tuple[int, int], rows: tuple[int, int]) -> Tensor:
         n, per_core, width = self.stored
         spec = (
@@ -231,25 +267,40 @@ class SparseCoreCheckpointRows(_ByBlocks):
         )
         return _restore(self.path, self.key, spec, self.dtype)
 
-    def block(self, start: int, count: int) -> Tensor:
-        n = self.stored[0]
-        low, high = start // n, -(-(start + count) // n)
-        # `[n, high - low, dim]` -> rows `low * n ...` in the table's order.
-        cores = self._slice((0, n), (low, high - low))
+    def _read_whole(self) -> Tensor:
+        n, per_core, _ = self.stored
+        cores = self._slice((0, n), (0, per_core))
         rows = tf.reshape(tf.transpose(cores, [1, 0, 2]), [-1, self.shape[1]])
-        return rows[start - low * n : start - low * n + count]
+        return rows[: self.shape[0]]
 
     def strided(self, first: int, step: int, count: int) -> Tensor:
         n = self.stored[0]
-        if step != n:
+        if step != n or self._whole is not None:
             return super().strided(first, step, count)
-        # One SparseCore's rows: a contiguous run of one core's slice.
-        pieces = []
-        core, offset = first % n, first // n
-        for done in range(0, count, block_rows(self.shape[1])):
-            take = min(block_rows(self.shape[1]), count - done)
-            pieces.append(self._slice((core, 1), (offset + done, take))[0])
-        return _concat(pieces, self.shape[1])
+        return self._slice((first % n, 1), (first // n, count))[0]
+
+
+def initializer_rows(
+    initializer: InitializerLike, shape: Sequence[int]
+) -> TableRows:
+    """The rows `initializer` makes for a table of `shape` on one device; a
+    `tables.CheckpointInitializer` (`ckpt_to_load_from`) is its checkpoint's
+    tensor, read whole once (see `_ReadOnce`)."""
+    if isinstance(initializer, CheckpointInitializer):
+        path, key = initializer.checkpoint, initializer.tensor_name
+        reader = tf.train.load_checkpoint(path)
+        stored = reader.get_variable_to_shape_map().get(key)
+        if stored is None or list(stored) != [int(d) for d in shape]:
+            raise ValueError(
+                f"Tensor '{key}' of checkpoint {path} has shape {stored}, but "
+                f"table '{initializer.table}' (ckpt_to_load_from) has shape "
+                f"{[int(d) for d in shape]}. Point tensor_name_in_ckpt at the "
+                "table's tensor, or give the column the checkpoint's "
+                "vocabulary and dimension."
+            )
+        dtype = reader.get_variable_to_dtype_map()[key]
+        return CheckpointRows(path, key, shape, dtype)
+    return InitializerRows(initializer, shape)
 
 
 def as_rows(value: Any) -> TableRows:
@@ -310,6 +361,7 @@ class SparseCoreInitializer:
     def bind(self, layout: TableLayout, rows: TableRows) -> None:
         """Where the table lives and where its rows come from."""
         self.layout, self.rows = layout, rows
+        self._asked: set[int] = set()
 
     def __call__(
         self, shape: Any, dtype: Any = None, shard_info: Any = None
@@ -334,6 +386,9 @@ class SparseCoreInitializer:
         value = _core_values(
             rows, sparsecore_layout.core_rows(layout)[core], width, layout
         )
+        self._asked.add(core)
+        if len(self._asked) == layout.num_sparse_cores:
+            _release(rows)  # TF asks for each SparseCore once.
         return tf.cast(value, dtype or tf.float32)
 
 
@@ -348,32 +403,27 @@ def _shards_of(variable: Any, layout: TableLayout) -> list[Any]:
     return shards
 
 
+def _release(rows: TableRows) -> None:
+    release = getattr(rows, "release", None)
+    if release is not None:
+        release()
+
+
 def write_table(variable: Any, layout: TableLayout, rows: TableRows) -> None:
     """Writes a table (or slot) into its rows of a stacked variable, one
-    SparseCore's rows and one block at a time, in place; the other tables
-    of the stack are left as they are, the padding is zero."""
+    SparseCore's rows at a time, in place; the other tables of the stack
+    are left as they are, the padding is zero."""
     shards = _shards_of(variable, layout)
     width = int(layout.unsharded_padded_shape[1])
-    n = layout.num_sparse_cores
-    step = block_rows(width)
     with tf.init_scope():
         for core in sparsecore_layout.core_rows(layout):
-            for done in range(0, core.count, step):
-                take = min(step, core.count - done)
-                part = sparsecore_layout.CoreRows(
-                    core=core.core,
-                    shard=core.shard,
-                    shard_row=core.shard_row + done,
-                    first=core.first + done * n,
-                    count=take,
+            shards[core.shard].scatter_update(
+                tf.IndexedSlices(
+                    _core_values(rows, core, width, layout),
+                    tf.range(core.shard_row, core.shard_row + core.count),
                 )
-                values = _core_values(rows, part, width, layout)
-                shards[core.shard].scatter_update(
-                    tf.IndexedSlices(
-                        values,
-                        tf.range(part.shard_row, part.shard_row + take),
-                    )
-                )
+            )
+    _release(rows)
 
 
 def read_table(variable: Any, layout: TableLayout) -> np.ndarray:
@@ -417,3 +467,39 @@ def write_core(
             tf.range(place.shard_row, place.shard_row + place.count),
         )
     )
+
+
+def fill_variable(variable: Any, rows: TableRows) -> None:
+    """Writes a whole `[vocabulary_size, dim]` variable (a CPU table) from
+    `rows` in place: one SparseCore's rows at a time from a SparseCore
+    checkpoint, else one block at a time."""
+    target = variable if isinstance(variable, tf.Variable) else variable.value
+    count, dimension = rows.shape
+    if [int(d) for d in target.shape] != [count, dimension]:
+        raise ValueError(
+            f"Cannot fill the variable '{target.name}' of shape "
+            f"{target.shape.as_list()} with rows of shape {[count, dimension]}."
+        )
+    if isinstance(rows, SparseCoreCheckpointRows):
+        n = rows.cores
+        parts = [
+            (first, tf.range(first, count, n)) for first in range(min(n, count))
+        ]
+    else:
+        step = block_rows(dimension)
+        parts = [
+            (start, tf.range(start, min(start + step, count)))
+            for start in range(0, count, step)
+        ]
+    with tf.init_scope():
+        for first, indices in parts:
+            size = int(indices.shape[0])
+            values = (
+                rows.strided(first, rows.cores, size)
+                if isinstance(rows, SparseCoreCheckpointRows)
+                else rows.strided(first, 1, size)
+            )
+            target.scatter_update(
+                tf.IndexedSlices(tf.cast(values, target.dtype), indices)
+            )
+    _release(rows)
