@@ -294,7 +294,7 @@ class _OneShardOf:
     """A slot initializer asked for the whole stacked shape that answers
     with one shard's (`sparsecore_build_per_sparse_core`)."""
 
-    def __init__(self, initializer: Any, shards: int) -> None:
+    def __init__(self, initializer: InitializerLike, shards: int) -> None:
         self.initializer = initializer
         self.shards = shards
 

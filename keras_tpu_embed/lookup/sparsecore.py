@@ -340,7 +340,7 @@ class SparseCoreEngine(SharedEngine):
             return self._mid_level
         embedding = tf.tpu.experimental.embedding
         initializers: dict[str, SparseCoreInitializer] = {}
-        tables: dict[str, Any] = {}
+        tables: dict[str, tf.tpu.experimental.embedding.TableConfig] = {}
         for feature in self._feature_configs.values():
             name = feature.table.name
             if name not in tables:
