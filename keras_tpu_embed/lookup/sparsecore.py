@@ -169,7 +169,7 @@ def refuse_what_sparse_core_cannot_honour(
             "SparseCore (TPUEmbeddingV2) places rows itself (row r of a "
             "table on SparseCore (r + rotation) mod the number of "
             "SparseCores, stacked with other tables), and keras_tpu_embed "
-            "checkpoints each table whole, by table name. The partition "
+            "checkpoints each table by table name. The partition "
             "strategy would change nothing: use partition_strategy='div' "
             "(the default)."
         )
