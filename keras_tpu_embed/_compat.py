@@ -49,6 +49,12 @@ from keras.src.random.seed_generator import draw_seed as keras_draw_seed  # noqa
 from keras.src.utils.io_utils import print_msg  # noqa: E402
 from tensorflow.core.framework import attr_value_pb2 as tf_attr_value_pb2  # noqa: E402
 
+# Checkpoint keys (`escape_local_name`) and the SparseCore table layout proto
+# that a SparseCore table's checkpoint carries.
+from tensorflow.core.tpu.kernels import (  # noqa: E402
+    sparse_core_layout_pb2 as tf_sparse_core_layout_pb2,
+)
+
 # `distribute_dataset` on a pod: a dataset made by the client is copied to
 # each host as its graph (what `experimental_distribute_dataset` does); the
 # host an input pipeline is being built for is the eager device scope
@@ -99,8 +105,9 @@ from tensorflow.python.tpu import tpu_replication as tf_tpu_replication  # noqa:
 # module at each call (`keras_tpu_embed.testing.emulated_sparsecore`).
 from tensorflow.python.tpu.ops import gen_xla_ops as tf_gen_xla_ops  # noqa: E402
 from tensorflow.python.tpu.ops import tpu_ops as tf_tpu_ops  # noqa: E402
+from tensorflow.python.trackable import trackable_utils as tf_trackable_utils  # noqa: E402
 from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
-    SaveableObject as SaveableObject,
+    SaveableObject as TFSaveableObject,
 )
 from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
     SaveSpec as TFSaveSpec,
@@ -192,8 +199,10 @@ def caller_stacklevel() -> int:
 
 __all__ = [
     "tf_attr_value_pb2",
-    "SaveableObject",
     "TFSaveSpec",
+    "TFSaveableObject",
+    "tf_sparse_core_layout_pb2",
+    "tf_trackable_utils",
     "Trackable",
     "caller_stacklevel",
     "tf",

@@ -341,6 +341,86 @@ def wrap_sparsecore_preprocessing(
     mid_level._preprocess_features = wrap(mid_level._preprocess_features)
 
 
+class _OneShardOf:
+    """A slot initializer asked for the whole stacked shape that answers
+    with one shard's (`sparsecore_build_per_sparse_core`)."""
+
+    def __init__(self, initializer: InitializerLike, shards: int) -> None:
+        self.initializer = initializer
+        self.shards = shards
+
+    def __call__(self, shape: Any, dtype: Any = None, **kwargs: Any) -> Any:
+        rows, *rest = (int(d) for d in shape)
+        return self.initializer([rows // self.shards, *rest], dtype, **kwargs)
+
+
+def sparsecore_build_per_sparse_core(
+    mid_level: MidLevelEmbedding, shards: int
+) -> None:
+    """`TPUEmbeddingV2.build`, creating each chip's shard from its own
+    initial value, each SparseCore's rows asked for alone.
+
+    TF's default (`_initializers_shard_info_by_default`, `tpu_embedding_
+    v3.py`) initializes every stacked table and slot of every chip in one
+    `tf.function` (`_batch_initialize_tables`): the whole state at once on
+    the first chip's host. With it off, TF creates each chip's shard from
+    its own initial value (`table_initialize_fn_non_batch`), asking a
+    `shard_info`-aware table initializer for each SparseCore's rows
+    (`_compute_sc_shard_info`); but there `slot_initialize_fn` calls the
+    optimizer's slot initializers (`_Optimizer._slot_initializers`) with
+    the whole stacked shape, so each chip's slot shard would hold the whole
+    stack's rows. For the build, each slot initializer answers with one of
+    the `shards` shards' shape (`_OneShardOf`); each shard's shape is
+    checked after it. TF versions without the attribute have only the
+    per-shard path.
+
+    Raises:
+        RuntimeError: a shard of a stacked table or slot has another shape
+            than its layout says (TF changed how it creates them).
+    """
+    optimizers = {
+        id(table.optimizer): table.optimizer
+        for table in mid_level._table_config
+        if table.optimizer is not None
+    }
+    originals = {key: opt._slot_initializers for key, opt in optimizers.items()}
+    if hasattr(mid_level, "_initializers_shard_info_by_default"):
+        mid_level._initializers_shard_info_by_default = False
+    wrapped = []
+    try:
+        for key, optimizer in optimizers.items():
+
+            def per_shard(original: Callable[[], Any] = originals[key]) -> Any:
+                return [_OneShardOf(init, shards) for init in original()]
+
+            # An attribute of the instance over the class's method, deleted
+            # after the build: the optimizer hashes its `__dict__`.
+            optimizer._slot_initializers = per_shard
+            wrapped.append(optimizer)
+        mid_level.build()
+    finally:
+        for optimizer in wrapped:
+            del optimizer._slot_initializers
+    for layout in mid_level.embedding_layouts.values():
+        per_shard_rows = (
+            layout.total_rows_per_sparse_core_shard
+            * layout.num_sparse_cores
+            // layout.num_partitions
+        )
+        expected = [per_shard_rows, int(layout.unsharded_padded_shape[1])]
+        for slot, variable in mid_level.variables[
+            layout.stacked_table_name
+        ].items():
+            for shard in variable.values:
+                if list(shard.shape) != expected:
+                    raise RuntimeError(
+                        f"TPUEmbeddingV2 created shard {list(shard.shape)} of "
+                        f"'{layout.stacked_table_name}' {slot}; its layout "
+                        f"says {expected}. This TensorFlow version creates "
+                        "SparseCore tables differently: please report it."
+                    )
+
+
 def sparsecore_clone_feature_config(feature_configs: Any) -> Any:
     """`tpu_embedding_v3._clone_feature_config`: a deep copy of a feature
     config that keeps shared tables shared, as `TPUEmbeddingV2` makes one

@@ -28,9 +28,12 @@ from keras_tpu_embed.export.export_records import damaged_file_error
 from keras_tpu_embed.export.loading import LOAD_ERRORS
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
+from keras_tpu_embed.lookup.sparsecore_checkpoint import EngineTableHandle
+from keras_tpu_embed.lookup.sparsecore_checkpoint import TableContainer
+from keras_tpu_embed.lookup.sparsecore_checkpoint import saved_table_shapes
 
 
-class EngineCheckpointView(tf.Module):  # type: ignore[misc]
+class EngineCheckpointView(TableContainer):
     """Tables as `<table>` and slots as `<table>/<slot>`, for checkpoints;
     each layer's `embedding_step` under `embedding_steps/<table>`."""
 
@@ -129,16 +132,10 @@ def engine_checkpoint(model_or_layers: Any, steps: bool = True) -> Any:
     local = [(layer, layer.local_table_specs) for layer in layers]
     if engine is not None:
         for table_name in engine.table_names:
-            for slot in engine.table_slots(table_name):
-                name = (
-                    table_name
-                    if slot == "parameters"
-                    else f"{table_name}/{slot}"
-                )
-                owners[table_name] = "the TPU embedding engine"
-                names.append(
-                    (name, EngineTableCheckpoint(engine, table_name, slot))
-                )
+            owners[table_name] = "the TPU embedding engine"
+        names.extend(engine.checkpoint_tables(engine.table_names).items())
+        for name, extra in engine.checkpoint_extras(engine.table_names).items():
+            setattr(view, name, extra)
     for layer, tables in local:
         for table in tables:
             if table.name in owners:
@@ -185,23 +182,28 @@ def _engine_pieces(
 
 
 def _whole(variable: Any) -> Iterator[tuple[int, Any]]:
-    yield 0, tf.convert_to_tensor(variable)
+    """A variable, or a SparseCore table read (a callable), whole."""
+    yield (
+        0,
+        tf.convert_to_tensor(variable() if callable(variable) else variable),
+    )
+
+
+def _pieces_of(variable: Any) -> Callable[[], Iterator[tuple[int, Any]]]:
+    """How a view's table or slot is read: the engine's a host shard at a
+    time, a SparseCore table whole (one at a time), a variable whole."""
+    if isinstance(variable, EngineTableCheckpoint):
+        return functools.partial(_engine_pieces, variable)
+    if isinstance(variable, EngineTableHandle):
+        return lambda: iter([(0, variable.read())])
+    return functools.partial(_whole, variable)
 
 
 def _named_tables(view: EngineCheckpointView) -> list[_NamedTable]:
-    """Every table and slot of an `engine_checkpoint` view; engine tables
-    are read from the TPU, a host shard at a time, when asked for."""
+    """Every table and slot of an `engine_checkpoint` view, read when its
+    pieces are asked for."""
     return [
-        _NamedTable(
-            name,
-            list(variable.shape),
-            functools.partial(
-                _engine_pieces
-                if isinstance(variable, EngineTableCheckpoint)
-                else _whole,
-                variable,
-            ),
-        )
+        _NamedTable(name, list(variable.shape), _pieces_of(variable))
         for name, variable in view.named_variables()
     ]
 
@@ -227,6 +229,8 @@ def restore_tables(
     """
     try:
         saved = dict(tf.train.list_variables(path))
+        # Tables saved on SparseCore, by the key and shape they have on CPU.
+        saved.update(saved_table_shapes(path, prefix))
     except LOAD_ERRORS as error:
         raise damaged_file_error(path, error) from error
     # Checkpoints of TF's mid-level object (and of this package before it

@@ -205,6 +205,22 @@ class SharedEngine(EngineStep):
         gives it; `SparseCoreEngine` does not.
         """
 
+    def checkpoint_tables(self, tables: Sequence[str]) -> dict[str, Any]:
+        """`{<table> or <table>/<slot>: trackable}` of `tables` in a
+        checkpoint, each with `shape` and `read()`."""
+        return {
+            (table if slot == "parameters" else f"{table}/{slot}"): (
+                EngineTableCheckpoint(self, table, slot)
+            )
+            for table in tables
+            for slot in self.table_slots(table)
+        }
+
+    def checkpoint_extras(self, tables: Sequence[str]) -> dict[str, Any]:
+        """Other children a checkpoint of `tables` needs (SparseCore: the
+        values, `sparsecore.SparseCoreEngine`)."""
+        return {}
+
     def _make_mid_level(self) -> Any:
         """The mid-level object for the members registered so far.
 
@@ -400,10 +416,12 @@ class EngineTables:
         to it on restore, so that `tf.train.Checkpoint(model=...)` moves
         between TPU and CPU models."""
         engine = self.engine
-        for table in engine.tables_of(self._member.name):
-            for slot in engine.table_slots(table):
-                name = table if slot == "parameters" else f"{table}/{slot}"
-                if not hasattr(module, name):
-                    setattr(
-                        module, name, EngineTableCheckpoint(engine, table, slot)
-                    )
+        tables = engine.tables_of(self._member.name)
+        # The extras first: a restore deferred until the tables were added
+        # finds them (`sparsecore_checkpoint.TableContainer`).
+        for name, trackable in {
+            **engine.checkpoint_extras(tables),
+            **engine.checkpoint_tables(tables),
+        }.items():
+            if not hasattr(module, name):
+                setattr(module, name, trackable)

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from keras_tpu_embed._compat import SaveableObject
+from keras_tpu_embed._compat import TFSaveableObject
 from keras_tpu_embed._compat import TFSaveSpec
 from keras_tpu_embed._compat import Trackable
 from keras_tpu_embed._compat import tf
@@ -426,7 +426,7 @@ class EngineRows:
         return np.concatenate(pieces).astype(np.float32, copy=False)
 
 
-class _ShardSaveable(SaveableObject):  # type: ignore[misc]
+class _ShardSaveable(TFSaveableObject):  # type: ignore[misc]
     """One host shard of an engine table or slot in a checkpoint: a slice
     of the table, saved and restored on the shard's host."""
 

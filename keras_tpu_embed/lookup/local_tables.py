@@ -37,6 +37,7 @@ from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
+from keras_tpu_embed.lookup.sparsecore_checkpoint import TableContainer
 from keras_tpu_embed.lookup.table_lookup import TableLookup
 from keras_tpu_embed.lookup.table_lookup import TableValues
 from keras_tpu_embed.lookup.tables import TableSpec
@@ -94,7 +95,7 @@ class LocalTables:
             the layer puts this module in the object graph.
         """
         optimizer = self.config.optimizer
-        module = tf.Module(name="embedding_tables")
+        module = TableContainer(name="embedding_tables")
         for table in self.tables:
             shape = (table.vocabulary_size, table.dimension)
             variable = initialization.create_table(

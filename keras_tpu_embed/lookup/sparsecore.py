@@ -25,21 +25,32 @@ every layer receiving every engine feature, the gradient trap) driving
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 from typing import Callable
 from typing import Sequence
 
-import numpy as np
-
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._tf_private import sparsecore_build_per_sparse_core
 from keras_tpu_embed._tf_private import wrap_sparsecore_preprocessing
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import sparsecore_buffers
-from keras_tpu_embed.lookup import sparsecore_layout
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_variables import HostShard
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
+from keras_tpu_embed.lookup.initialization import EngineInitializer
+from keras_tpu_embed.lookup.sparsecore_checkpoint import SPARSE_CORE
+from keras_tpu_embed.lookup.sparsecore_checkpoint import EngineTableHandle
+from keras_tpu_embed.lookup.sparsecore_checkpoint import SparseCoreTable
+from keras_tpu_embed.lookup.sparsecore_checkpoint import SparseCoreTableValues
+from keras_tpu_embed.lookup.sparsecore_checkpoint import local_name
+from keras_tpu_embed.lookup.sparsecore_shards import SparseCoreInitializer
+from keras_tpu_embed.lookup.sparsecore_shards import as_rows
+from keras_tpu_embed.lookup.sparsecore_shards import initializer_rows
+from keras_tpu_embed.lookup.sparsecore_shards import read_rows
+from keras_tpu_embed.lookup.sparsecore_shards import read_table
+from keras_tpu_embed.lookup.sparsecore_shards import write_table
 from keras_tpu_embed.tpu import hardware as tpu_hardware
 from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
@@ -160,7 +171,7 @@ def refuse_what_sparse_core_cannot_honour(
             "SparseCore (TPUEmbeddingV2) places rows itself (row r of a "
             "table on SparseCore (r + rotation) mod the number of "
             "SparseCores, stacked with other tables), and keras_tpu_embed "
-            "checkpoints each table whole, by table name. The partition "
+            "checkpoints each table by table name. The partition "
             "strategy would change nothing: use partition_strategy='div' "
             "(the default)."
         )
@@ -186,6 +197,14 @@ def refuse_what_sparse_core_cannot_honour(
             + "\n".join(lines)
             + f"\nFix each as said, or {_WHAT_WORKS}."
         )
+
+
+def _initializer_of(table: tf.tpu.experimental.embedding.TableConfig) -> Any:
+    """The initializer the table's columns were given (as on CPU)."""
+    initializer = table.initializer
+    if isinstance(initializer, EngineInitializer):
+        return initializer.initializer
+    return initializer
 
 
 def _output_shape(
@@ -287,9 +306,18 @@ class SparseCoreEngine(SharedEngine):
     - sequence features are truncated on the host and fed one sample per
       position (`_positions_as_samples`, inside TF's own host
       preprocessing: `_truncate_sequences_in_preprocessing`);
-    - tables are stacked and sharded: `read_tables` / `write_tables`
-      convert to and from the per-table layout (`sparsecore_layout.py`).
+    - tables are stacked and sharded: TF asks for each SparseCore's rows of
+      each table when it creates them (`sparsecore_shards.
+      SparseCoreInitializer`, answered from the rows the column's
+      initializer makes on one device, or from a value restored before), and
+      `read_tables` / `write_tables` read and write one table one
+      SparseCore's rows at a time: no whole stack, and no whole table but
+      the one asked for, is ever on the client.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._checkpoint_values: dict[tuple[str, str], SparseCoreTable] = {}
 
     def _refuse_what_it_cannot_honour(
         self,
@@ -313,9 +341,20 @@ class SparseCoreEngine(SharedEngine):
         if self._mid_level is not None:
             return self._mid_level
         embedding = tf.tpu.experimental.embedding
+        initializers: dict[str, SparseCoreInitializer] = {}
+        tables: dict[str, tf.tpu.experimental.embedding.TableConfig] = {}
+        for feature in self._feature_configs.values():
+            name = feature.table.name
+            if name not in tables:
+                # TF copies each TableConfig (`_clone_feature_config`) but
+                # keeps its initializer object: bound below, once TF has
+                # stacked the tables.
+                tables[name] = copy.copy(feature.table)
+                initializers[name] = SparseCoreInitializer(name)
+                tables[name].initializer = initializers[name]
         features = {
             name: embedding.FeatureConfig(
-                table=feature.table,
+                table=tables[feature.table.name],
                 max_sequence_length=feature.max_sequence_length,
                 output_shape=_output_shape(feature, batch),
                 name=feature.name,
@@ -344,34 +383,27 @@ class SparseCoreEngine(SharedEngine):
         )
         _truncate_sequences_in_preprocessing(mid_level)
         self._mid_level = mid_level
+        layouts = mid_level.embedding_layouts
+        engine_tables = {
+            f.table.name: f.table for f in self._feature_configs.values()
+        }
+        for table in engine_tables.values():
+            restored = self._pending.pop((table.name, "parameters"), None)
+            initializers[table.name].bind(
+                layouts[table.name],
+                as_rows(restored)
+                if restored is not None
+                else initializer_rows(
+                    _initializer_of(table),
+                    (table.vocabulary_size, table.dim),
+                ),
+            )
         with tf.init_scope():
-            mid_level.build()
-            self._pending = {**self._initial_tables(), **self._pending}
+            sparsecore_build_per_sparse_core(
+                mid_level, strategy.num_replicas_in_sync
+            )
             self._load_pending()
         return mid_level
-
-    def _initial_tables(self) -> dict[tuple[str, str], Any]:
-        """Each table as its initializer makes it on one device.
-
-        `TPUEmbeddingV2` initializes the stacked variable per SparseCore
-        shard, calling each table's initializer for its padded shape
-        (`_create_variables`, `table_initialize_fn_non_batch`): a Keras
-        initializer's values depend on the shape, so the tables would not
-        start where the same columns' tables start on CPU. They are
-        written here, in the SparseCore layout, after TF built them; the
-        slots keep TF's initial values (constants). Each whole table and
-        its stack are held in host memory while they are written: tables
-        larger than a host's memory are not supported on SparseCore yet.
-        """
-        tables = {f.table.name: f.table for f in self._feature_configs.values()}
-        return {
-            (name, "parameters"): np.asarray(
-                table.initializer(
-                    (table.vocabulary_size, table.dim), dtype=tf.float32
-                )
-            )
-            for name, table in tables.items()
-        }
 
     def _dequeue_with_trap(
         self,
@@ -407,8 +439,9 @@ class SparseCoreEngine(SharedEngine):
         )
 
     # -------------------------------------------------------------- tables
-    # Whole tables: each read unstacks whole stacks on this process, and
-    # each write restacks them.
+    # One host: a table is one "host shard", read and written one table and
+    # one SparseCore at a time (`sparsecore_shards`); checkpoints save each
+    # SparseCore's slice (`sparsecore_checkpoint`).
 
     def sync_host_copies(self) -> None:
         """The stacked variables are read from the chip's shards directly."""
@@ -431,9 +464,7 @@ class SparseCoreEngine(SharedEngine):
                     f"whose table '{table}' has "
                     f"{self.table_slots(table)} (slot: shape)."
                 )
-        self._pending.update(
-            {key: np.asarray(value) for key, value in values.items()}
-        )
+        self._pending.update(values)
         if load:
             self.load_tables([])
 
@@ -454,7 +485,11 @@ class SparseCoreEngine(SharedEngine):
     def read_shard_rows(
         self, table: str, slot: str, shard: HostShard, start: int, stop: int
     ) -> Tensor:
-        return self.read_shard(table, slot, shard)[start:stop]
+        """Rows `[start, stop)`, each from the SparseCore that holds it."""
+        if not self._tables_created():
+            return self.read_shard(table, slot, shard)[start:stop]
+        layout, variable = self._layout_and_variable(table, slot)
+        return tf.constant(read_rows(variable, layout, start, stop))
 
     def restore_shard(
         self, table: str, slot: str, shard: HostShard, value: Tensor
@@ -462,44 +497,66 @@ class SparseCoreEngine(SharedEngine):
         self.write_tables({(table, slot): value.numpy()})
         return None
 
-    def _stacked(self, stack: str, slot: str) -> np.ndarray:
-        """A stacked table or slot, every shard in order."""
-        variable = self._mid_level.variables[stack][slot]
-        return np.concatenate([np.asarray(v.numpy()) for v in variable.values])
+    def _layout_and_variable(self, table: str, slot: str) -> tuple[Any, Any]:
+        layout = self._mid_level.embedding_layouts[table]
+        stack = self._mid_level.variables[layout.stacked_table_name]
+        return layout, stack[slot]
 
     def _read_created(
         self, keys: list[tuple[str, str]]
     ) -> dict[tuple[str, str], Any]:
-        layouts = self._mid_level.embedding_layouts
-        stacked: dict[tuple[str, str], np.ndarray] = {}
+        """Each table or slot out of its SparseCores' shards, one table at a
+        time (`sparsecore_shards.read_table`)."""
         values = {}
         for table, slot in keys:
-            layout = layouts[table]
-            key = (layout.stacked_table_name, slot)
-            if key not in stacked:
-                stacked[key] = self._stacked(*key)
-            values[(table, slot)] = sparsecore_layout.unstack_table(
-                stacked[key], layout
-            )
+            layout, variable = self._layout_and_variable(table, slot)
+            values[(table, slot)] = read_table(variable, layout)
         return values
 
     def _load_pending(self) -> None:
-        layouts = self._mid_level.embedding_layouts
-        by_stack: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
-        for (table, slot), value in self._pending.items():
-            layout = layouts[table]
-            by_stack.setdefault((layout.stacked_table_name, slot), []).append(
-                (layout, value)
-            )
-        for (stack, slot), tables in by_stack.items():
-            value = self._stacked(stack, slot)
-            for layout, table_value in tables:
-                value = sparsecore_layout.restack_table(
-                    value, table_value, layout
-                )
-            start = 0
-            for shard in self._mid_level.variables[stack][slot].values:
-                rows = int(shard.shape[0])
-                shard.assign(value[start : start + rows])
-                start += rows
-        self._pending = {}
+        """Writes each value held for a table or slot into its SparseCores'
+        rows, one SparseCore and one block at a time."""
+        pending, self._pending = self._pending, {}
+        for (table, slot), value in pending.items():
+            layout, variable = self._layout_and_variable(table, slot)
+            write_table(variable, layout, as_rows(value))
+
+    def table_layout(self, table: str) -> Any:
+        """The `SparseCoreTableLayout` of `table` (once TF made the tables)."""
+        return self._mid_level.embedding_layouts[table]
+
+    def stacked_variable(self, table: str, slot: str) -> Any:
+        """The stacked, sharded variable holding `table`'s `slot`."""
+        return self._layout_and_variable(table, slot)[1]
+
+    def tables_created(self) -> bool:
+        """Whether TF created the tables (at the engine's first step)."""
+        return self._tables_created()
+
+    # --------------------------------------------------------- checkpoints
+
+    def _checkpoint_table(self, table: str, slot: str) -> SparseCoreTable:
+        # One per table and slot: shared by every container that saves it.
+        key = (table, slot)
+        if key not in self._checkpoint_values:
+            self._checkpoint_values[key] = SparseCoreTable(self, table, slot)
+        return self._checkpoint_values[key]
+
+    def checkpoint_tables(self, tables: Sequence[str]) -> dict[str, Any]:
+        """`{<table> or <table>/<slot>: EngineTableHandle}`: the tables by
+        name in a checkpoint, holding no value (`sparsecore_checkpoint`)."""
+        return {
+            local_name(table, slot): EngineTableHandle(self, table, slot)
+            for table in tables
+            for slot in self.table_slots(table)
+        }
+
+    def checkpoint_extras(self, tables: Sequence[str]) -> dict[str, Any]:
+        """`{"_sparse_core": ...}`: the values of `tables` and their slots,
+        saved one SparseCore at a time (`sparsecore_checkpoint`)."""
+        values = {
+            local_name(table, slot): self._checkpoint_table(table, slot)
+            for table in tables
+            for slot in self.table_slots(table)
+        }
+        return {SPARSE_CORE: SparseCoreTableValues(values)}

@@ -11,6 +11,14 @@ variable is the `n` shards one after the other, `total_rows_per_sparse_core_
 shard` rows each, with every table padded to the stack's width
 (`unsharded_padded_shape`). Slots have the layout of their table.
 
+So each SparseCore holds a table's rows `first, first + n, ...` (`first =
+(core - rotation) % n`) one after the other: `core_rows` says where, per
+SparseCore, which is all that creating, saving or restoring one shard at a
+time needs. In a checkpoint a table is saved as TF's "internal layout"
+without the rotation (`tpu_embedding_v3_utils.shard_table`): `[n, rows per
+core, padded width]`, entry `[c, i]` being row `c + i * n` of the padded
+table, so that SparseCore `core` holds exactly `[first]` of it.
+
 `unstack_table` takes one table out of a stacked value with TF's own
 `unshuffle_from_sc_to_cpu` and `remove_padding_from_sc` (what TF's
 checkpoint adapter runs to restore a SparseCore checkpoint on CPU);
@@ -22,6 +30,7 @@ un-shards an unstacked table the same way
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 from typing import Sequence
 
@@ -50,6 +59,9 @@ class TableLayout(Protocol):
     def num_sparse_cores(self) -> int: ...
 
     @property
+    def num_partitions(self) -> int: ...
+
+    @property
     def total_rows_per_sparse_core_shard(self) -> int: ...
 
     @property
@@ -67,6 +79,68 @@ class TableLayout(Protocol):
 
 StackedValue = Tensor
 """A stacked variable's value: a `tf.Tensor` or a numpy array."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreRows:
+    """The rows of one table that one SparseCore holds.
+
+    Attributes:
+        core: The SparseCore, `0 <= core < num_sparse_cores`.
+        shard: The shard of the stacked variable (one per TPU chip,
+            `variable.values[shard]`) that holds the SparseCore.
+        shard_row: Where the table's rows start in that shard.
+        first: The padded table's row held first; the SparseCore holds rows
+            `first + i * num_sparse_cores` for `i < count`, at `shard_row + i`.
+        count: How many (`rows_per_core`).
+    """
+
+    core: int
+    shard: int
+    shard_row: int
+    first: int
+    count: int
+
+
+def rows_per_core(layout: TableLayout) -> int:
+    """How many rows of the padded table each SparseCore holds."""
+    return int(layout.unsharded_padded_shape[0]) // layout.num_sparse_cores
+
+
+def core_rows(layout: TableLayout) -> list[CoreRows]:
+    """Where each SparseCore holds its rows of the table, by SparseCore.
+
+    `map_indices_in_shard` read the other way round: row `r` is on
+    SparseCore `(r % n + rotation) % n` at `offset + r // n` of that core's
+    `total_rows_per_sparse_core_shard` rows; the stacked variable has one
+    shard per TPU chip (`num_partitions`), each holding its chip's
+    SparseCores one after the other.
+    """
+    cores = layout.num_sparse_cores
+    per_shard = cores // layout.num_partitions
+    count = rows_per_core(layout)
+    core_size = layout.total_rows_per_sparse_core_shard
+    return [
+        CoreRows(
+            core=core,
+            shard=core // per_shard,
+            shard_row=(core % per_shard) * core_size
+            + layout.sparse_core_shard_row_offset,
+            first=(core - layout.sparse_core_shard_rotation) % cores,
+            count=count,
+        )
+        for core in range(cores)
+    ]
+
+
+def checkpoint_shape(layout: TableLayout) -> list[int]:
+    """A table's shape in a checkpoint written on SparseCore:
+    `[num_sparse_cores, rows_per_core, padded width]` (see the module)."""
+    return [
+        layout.num_sparse_cores,
+        rows_per_core(layout),
+        int(layout.unsharded_padded_shape[1]),
+    ]
 
 
 def stacking_layouts(

@@ -59,12 +59,19 @@ def _inputs():
 
 
 def build(optimizer):
+    return build_around(
+        kte.TPUEmbeddingLayer(
+            _columns(),
+            config=kte.EmbeddingConfig(optimizer=optimizer),
+            name="embed",
+        )
+    )
+
+
+def build_around(layer):
+    """The model around an embedding layer of `_columns()`."""
     inputs = _inputs()
-    embedded = kte.TPUEmbeddingLayer(
-        _columns(),
-        config=kte.EmbeddingConfig(optimizer=optimizer),
-        name="embed",
-    )(inputs)
+    embedded = layer(inputs)
     joined = keras.layers.Concatenate()(
         [
             embedded["item_shared_embedding"],
