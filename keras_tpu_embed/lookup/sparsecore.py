@@ -37,6 +37,7 @@ from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import sparsecore_buffers
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
+from keras_tpu_embed.lookup.engine_host_ids import HostIdRule
 from keras_tpu_embed.lookup.engine_variables import HostShard
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.lookup.initialization import EngineInitializer
@@ -255,24 +256,32 @@ def _positions_as_samples(
     )
 
 
-def _truncate_sequences_in_preprocessing(
+def _host_rules_in_preprocessing(
     mid_level: tf.tpu.experimental.embedding.TPUEmbeddingV2,
+    rules: dict[str, HostIdRule],
 ) -> None:
-    """Makes `mid_level` feed sequence features one sample per position.
+    """Makes `mid_level` apply the columns' id rules on the host, and feed
+    sequence features one sample per position.
 
     `TPUEmbeddingV2.enqueue` runs its host preprocessing,
     `_preprocess_features`, under outside compilation in a TPU step, with
     the step's own inputs (`flat_inputs`, `flat_weights`, in the order of
-    its `flat_features`). The sequence features are rewritten there, on the
-    host, by `_positions_as_samples`: so the TPU program gets no sparse op
-    of ours, and the enqueue still receives the step's direct inputs.
+    its `flat_features`). Each feature is rewritten there, on the host: the
+    column's id rules (`engine_host_ids.HostIdRule`: default values, the
+    named range check, pruned weights, truncated sequences), then
+    sequence features as samples (`_positions_as_samples`). So the TPU
+    program gets no sparse op of ours, and the enqueue still receives the
+    step's direct inputs.
     """
 
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         def preprocess(*args: Any, **kwargs: Any) -> Any:
             inputs = list(kwargs["flat_inputs"])
             weights = list(kwargs.get("flat_weights") or [None] * len(inputs))
-            for i, (_, feature) in enumerate(kwargs["flat_features"]):
+            for i, (path, feature) in enumerate(kwargs["flat_features"]):
+                rule = rules.get(path)
+                if rule is not None:
+                    inputs[i], weights[i] = rule.apply(inputs[i], weights[i])
                 shape = list(feature.output_shape)
                 if len(shape) == 2:
                     inputs[i], weights[i] = _positions_as_samples(
@@ -305,7 +314,7 @@ class SparseCoreEngine(SharedEngine):
       named enqueue, so evaluate and predict simply do not call it;
     - sequence features are truncated on the host and fed one sample per
       position (`_positions_as_samples`, inside TF's own host
-      preprocessing: `_truncate_sequences_in_preprocessing`);
+      preprocessing: `_host_rules_in_preprocessing`);
     - tables are stacked and sharded: TF asks for each SparseCore's rows of
       each table when it creates them (`sparsecore_shards.
       SparseCoreInitializer`, answered from the rows the column's
@@ -381,7 +390,7 @@ class SparseCoreEngine(SharedEngine):
                 profiled=sparsecore_buffers.profiled_ids(configs, features),
             ),
         )
-        _truncate_sequences_in_preprocessing(mid_level)
+        _host_rules_in_preprocessing(mid_level, self._host_rules)
         self._mid_level = mid_level
         layouts = mid_level.embedding_layouts
         engine_tables = {

@@ -60,6 +60,17 @@ def _sequences():
     return tf.data.Dataset.from_tensor_slices(({"hist": ids}, labels))
 
 
+def _engine_tables(model):
+    """Every engine table and slot, V1 or V2, as `<table>[/<slot>]`."""
+    engine = model.get_layer("embed").engine
+    return {
+        table if slot == "parameters" else f"{table}/{slot}": value
+        for (table, slot), value in engine.read_tables(
+            engine.table_names
+        ).items()
+    }
+
+
 def _fit(strategy, build, dataset, epochs=3):
     keras.utils.set_random_seed(models.SEED)
     with strategy.scope():
@@ -69,15 +80,21 @@ def _fit(strategy, build, dataset, epochs=3):
     return model
 
 
+FEATURES = ("V1", "V2")
+
+
+@pytest.mark.parametrize("feature", FEATURES)
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-def test_ids_past_the_sequence_length_leave_their_rows_alone(optimizer):
+def test_ids_past_the_sequence_length_leave_their_rows_alone(
+    optimizer, feature
+):
     def build():
         return _sequence_model(OPTIMIZERS[optimizer]())
 
     expected = _fit(tf.distribute.get_strategy(), build, _sequences())
-    with emulated_tpu(2) as strategy:
+    with emulated_tpu(2, embedding_feature=feature) as strategy:
         model = _fit(strategy, build, _sequences())
-        actual = models.engine_values(model)
+        actual = _engine_tables(model)
     wanted = models.local_values(expected)
     # Ids 8-11 sit only past the length: no path may move their rows.
     keras.utils.set_random_seed(models.SEED)
@@ -111,7 +128,8 @@ def _weighted_model():
     return model
 
 
-def test_non_positive_weights_are_pruned_for_mean_as_on_cpu():
+@pytest.mark.parametrize("feature", FEATURES)
+def test_non_positive_weights_are_pruned_for_mean_as_on_cpu(feature):
     """Ids [1, 2] of weights [9, -1]: the mean over the kept weight,
     9 * 1 / 9 (unpruned it would be (9 - 2) / 8)."""
     indices = [[r, c] for r in range(8) for c in range(2)]
@@ -129,7 +147,7 @@ def test_non_positive_weights_are_pruned_for_mean_as_on_cpu():
 
     on_cpu = served(tf.distribute.get_strategy())
     np.testing.assert_allclose(on_cpu, np.ones([8, 1]))
-    with emulated_tpu(2) as strategy:
+    with emulated_tpu(2, embedding_feature=feature) as strategy:
         np.testing.assert_allclose(served(strategy), on_cpu)
 
 
@@ -167,13 +185,17 @@ def _predict(strategy, default_value):
     return model.predict(batches, verbose=0)
 
 
-def test_out_of_range_ids_map_to_the_default_value_as_on_cpu():
+@pytest.mark.parametrize("feature", FEATURES)
+def test_out_of_range_ids_map_to_the_default_value_as_on_cpu(feature):
     on_cpu = _predict(tf.distribute.get_strategy(), 0)
-    with emulated_tpu(2) as strategy:
+    with emulated_tpu(2, embedding_feature=feature) as strategy:
         np.testing.assert_allclose(_predict(strategy, 0), on_cpu, atol=1e-6)
 
 
-def test_out_of_range_ids_without_a_default_raise_naming_the_feature():
+@pytest.mark.parametrize("feature", FEATURES)
+def test_out_of_range_ids_without_a_default_raise_naming_the_feature(
+    feature,
+):
     # The same error on both: the feature, its table and the valid range.
     message = (
         r"Feature ..item.. \(table ..item..\) has ids outside the valid "
@@ -181,6 +203,6 @@ def test_out_of_range_ids_without_a_default_raise_naming_the_feature():
     )
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         _predict(tf.distribute.get_strategy(), None)
-    with emulated_tpu(2) as strategy:
+    with emulated_tpu(2, embedding_feature=feature) as strategy:
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             _predict(strategy, None)
