@@ -78,7 +78,7 @@ def _serialize_callable(value: Any, column: str, argument: str) -> Any:
     )
 
 
-def _loadable(value: Any, config: Any) -> bool:
+def _loadable(value: Any, config: object) -> bool:
     """Whether Keras finds an object's class again: Keras' own, or one
     registered with `keras.saving.register_keras_serializable`."""
     if not hasattr(value, "get_config") or not isinstance(config, dict):
@@ -286,7 +286,7 @@ class _EmbeddingSpec:
     def table_signature(self) -> dict[str, Any]:
         """What a table is made of; columns sharing a table must agree."""
         return {
-            **self._table_fields(),
+            **_table_fields(self),
             "initializer": callable_signature(self.initializer),
         }
 
@@ -294,22 +294,11 @@ class _EmbeddingSpec:
         """Whether `other`'s `table_signature` is this column's, without
         computing the signature of an initializer both hold (a digest of a
         pretrained matrix reads all of it)."""
-        return self._table_fields() == other._table_fields() and (
+        return _table_fields(self) == _table_fields(other) and (
             self.initializer is other.initializer
             or callable_signature(self.initializer)
             == callable_signature(other.initializer)
         )
-
-    def _table_fields(self) -> dict[str, Any]:
-        return {
-            "vocabulary_size": self.vocabulary_size,
-            "dimension": self.dimension,
-            "learning_rate_fn": callable_signature(self.learning_rate_fn),
-            "trainable": self.trainable,
-            "max_norm": self.max_norm,
-            "ckpt_to_load_from": self.ckpt_to_load_from,
-            "tensor_name_in_ckpt": self.tensor_name_in_ckpt,
-        }
 
     def get_config(self) -> dict[str, Any]:
         config = {
@@ -390,6 +379,21 @@ class SharedEmbeddingColumn(_EmbeddingSpec):
 
 
 AnyEmbeddingColumn = EmbeddingColumn | SharedEmbeddingColumn
+
+
+def _table_fields(column: _EmbeddingSpec) -> dict[str, Any]:
+    """A column's `table_signature` but its initializer."""
+    return {
+        "vocabulary_size": column.vocabulary_size,
+        "dimension": column.dimension,
+        "learning_rate_fn": callable_signature(column.learning_rate_fn),
+        "trainable": column.trainable,
+        "max_norm": column.max_norm,
+        "ckpt_to_load_from": column.ckpt_to_load_from,
+        "tensor_name_in_ckpt": column.tensor_name_in_ckpt,
+    }
+
+
 # What the public functions take: a column of this package or of
 # `tf.feature_column` (converted once, on the way in).
 EmbeddingColumnLike: TypeAlias = AnyEmbeddingColumn | TFFeatureColumn

@@ -651,7 +651,7 @@ def _draw_spec(
 
 
 def _variance_scaling_spec(
-    initializer: Any, shape: _TableShape
+    initializer: keras.initializers.VarianceScaling, shape: _TableShape
 ) -> tuple[str, float, float]:
     """What Keras' `VarianceScaling.__call__` draws for the whole table
     (`keras/src/initializers/random_initializers.py`): its scale comes from
