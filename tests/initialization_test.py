@@ -267,13 +267,13 @@ def test_a_layer_first_built_inside_a_traced_function_fills_its_table():
 # class Keras exports, TF's public ones, pretrained matrices given every way.
 
 SHAPE = (1003, 5)
-# With blocks of 37 rows: ranges across blocks, off the 4-value groups.
-RANGES = [(0, 1003), (7, 500), (333, 1), (100, 0), (401, 602), (1002, 1)]
+# With blocks of 101 rows: ranges across blocks, off the 4-value groups.
+RANGES = [(0, 1003), (7, 500), (333, 1), (100, 0), (401, 602)]
 
 
 @pytest.fixture
-def blocks_of_37_rows(monkeypatch):
-    monkeypatch.setattr(initialization, "BLOCK_BYTES", 4 * 5 * 37)
+def blocks_of_101_rows(monkeypatch):
+    monkeypatch.setattr(initialization, "BLOCK_BYTES", 4 * 5 * 101)
 
 
 def _bits(values):
@@ -303,23 +303,26 @@ def test_row_local_is_claimed_for_the_expected_kinds(name):
 
 @pytest.mark.parametrize("name", sorted(cases.DETERMINISTIC))
 def test_rows_are_the_one_device_tables_rows_eagerly_and_traced(
-    name, blocks_of_37_rows
+    name, blocks_of_101_rows
 ):
     """Bit for bit, in a trace too: `EngineInitializer(Constant(0.1))`
     failed inside SparseCore's initializer trace (`tf.rank(value) == 0`
     as a Python bool), and `Constant(matrix)` in `_is_zero`."""
     initializer = cases.DETERMINISTIC[name](SHAPE)
     whole = _bits(_whole(initializer, SHAPE))
-    for start, count in RANGES:
 
-        def rows():
-            return initialization.table_rows(
+    def ranges():
+        return [
+            initialization.table_rows(
                 initializer, SHAPE, start, count, "float32"
             )
+            for start, count in RANGES
+        ]
 
-        want = whole[start : start + count]
-        np.testing.assert_array_equal(_bits(rows()), want)
-        np.testing.assert_array_equal(_bits(tf.function(rows)()), want)
+    for rows in (ranges(), tf.function(ranges)()):
+        for (start, count), values in zip(RANGES, rows):
+            want = whole[start : start + count]
+            np.testing.assert_array_equal(_bits(values), want)
 
 
 def _recording_calls(monkeypatch, initializer):
@@ -340,7 +343,7 @@ def _recording_calls(monkeypatch, initializer):
     "name", sorted(n for n in cases.DETERMINISTIC if cases.makes_rows_alone(n))
 )
 def test_rows_made_alone_never_ask_for_the_whole_table(
-    name, monkeypatch, blocks_of_37_rows
+    name, monkeypatch, blocks_of_101_rows
 ):
     """Glorot, He, Lecun, VarianceScaling and Identity were called for the
     whole table on every pod host, which then kept its slice of it."""
@@ -355,7 +358,7 @@ def test_rows_made_alone_never_ask_for_the_whole_table(
 
 @pytest.mark.parametrize("name", sorted(cases.DETERMINISTIC))
 def test_tables_held_on_cpu_fill_by_blocks_bit_for_bit(
-    name, monkeypatch, blocks_of_37_rows
+    name, monkeypatch, blocks_of_101_rows
 ):
     initializer = cases.DETERMINISTIC[name](SHAPE)
     whole = _bits(_whole(initializer, SHAPE))

@@ -1,7 +1,7 @@
 """Table initializers, generated: the cases every hardware kind is tested on.
 
 Every class `keras.initializers` exports joins by construction (seeded
-where it takes a seed, with its `VarianceScaling` modes and distributions),
+where it takes a seed, with each `VarianceScaling` mode and distribution),
 with TF's public initializers and the ways a user gives a pretrained matrix.
 A case is `make(shape) -> initializer`: a pretrained matrix has the
 table's shape. `tests/initialization_test.py` checks that every Keras class
@@ -53,12 +53,15 @@ def _keras_cases():
             cases[cls.__name__] = functools.partial(_seeded, cls)
         else:
             cases[cls.__name__] = functools.partial(_plain, cls)
-    distributions = ("truncated_normal", "untruncated_normal", "uniform")
-    for mode in ("fan_in", "fan_out", "fan_avg"):
-        for distribution in distributions:
-            cases[f"VarianceScaling_{mode}_{distribution}"] = functools.partial(
-                _variance_scaling, mode, distribution
-            )
+    # Every mode and every distribution, each once.
+    for mode, distribution in (
+        ("fan_in", "truncated_normal"),
+        ("fan_out", "untruncated_normal"),
+        ("fan_avg", "uniform"),
+    ):
+        cases[f"VarianceScaling_{mode}_{distribution}"] = functools.partial(
+            _variance_scaling, mode, distribution
+        )
     return cases
 
 
