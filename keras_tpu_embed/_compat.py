@@ -45,6 +45,9 @@ from keras.src.backend.common.symbolic_scope import (  # noqa: E402
     in_symbolic_scope as keras_in_symbolic_scope,
 )
 from keras.src.backend.tensorflow.random import _cast_seed as keras_cast_seed  # noqa: E402
+from keras.src.initializers.random_initializers import (  # noqa: E402
+    compute_fans as keras_compute_fans,
+)
 from keras.src.random.seed_generator import draw_seed as keras_draw_seed  # noqa: E402
 from keras.src.utils.io_utils import print_msg  # noqa: E402
 from tensorflow.core.framework import attr_value_pb2 as tf_attr_value_pb2  # noqa: E402
@@ -229,6 +232,7 @@ __all__ = [
     "tf_sequence_feature_column",
     "tf_fast_cond",
     "tf_init_ops",
+    "keras_compute_fans",
     "keras_in_stateless_scope",
     "keras_in_symbolic_scope",
     "keras_random_seed",

@@ -1,14 +1,17 @@
 """Embedding column specs: defaults, checks, properties, serialization."""
 
 import dataclasses
+import json
 import math
 
 import keras
+import numpy as np
 import pytest
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.columns import EmbeddingColumn
 from keras_tpu_embed.columns import SharedEmbeddingColumn
+from tests import initializer_cases as cases
 from tests import testing
 
 
@@ -168,3 +171,74 @@ def test_learning_rate_fn_must_be_callable():
     cat = kte.categorical_column_with_identity("a", 5)
     with pytest.raises(ValueError, match="`learning_rate_fn` of column 'a'"):
         kte.embedding_column(cat, 2, learning_rate_fn=0.1)
+
+
+# Any callable that returns the table (issue 41, item 7): Keras' own
+# pretrained recipe, a lambda over a matrix or another initializer, a
+# functools.partial, an object with __call__. Cases: tests/initializer_cases.py.
+
+# TF's initializers serialize, but Keras cannot find their class to load.
+_SAVED = {"Constant_matrix"}
+
+
+def _pretrained_column(name, shape=(6, 4)):
+    return kte.embedding_column(
+        kte.categorical_column_with_identity("item", shape[0]),
+        shape[1],
+        initializer=cases.PRETRAINED[name](shape),
+    )
+
+
+@pytest.mark.parametrize("name", sorted(cases.PRETRAINED))
+def test_any_callable_initializer_makes_a_signature(name):
+    """Comparing tables `json.dumps`ed the initializer: a closure over a
+    matrix or an initializer, a partial and a plain object raised a bare
+    `TypeError: Object of type ... is not JSON serializable`."""
+    column = _pretrained_column(name)
+    json.dumps(column.table_signature())
+    assert column.agrees_on_table(column)
+
+
+@pytest.mark.parametrize("name", sorted(_SAVED))
+def test_pretrained_constants_round_trip_through_the_config(name):
+    column = _pretrained_column(name)
+    rebuilt = EmbeddingColumn.from_config(
+        json.loads(json.dumps(column.get_config()))
+    )
+    np.testing.assert_array_equal(
+        rebuilt.initializer((6, 4), "float32"),
+        cases.pretrained_values(name, (6, 4)),
+    )
+    assert rebuilt.agrees_on_table(column)
+
+
+@pytest.mark.parametrize("name", sorted(set(cases.PRETRAINED) - _SAVED))
+def test_unserializable_initializers_are_refused_at_save_naming_the_column(
+    name, tmp_path
+):
+    column = _pretrained_column(name)
+    message = (
+        r"Column 'item_embedding': its initializer .* cannot be saved in a "
+        r"model's config.*keras.initializers.Constant\(matrix\)"
+    )
+    with pytest.raises(TypeError, match=message):
+        column.get_config()
+    inputs = {"item": keras.Input((1,), dtype="int64", name="item")}
+    layer = kte.TPUEmbeddingLayer([column], output="concat")
+    model = keras.Model(inputs, layer(inputs))
+    model.predict({"item": np.array([[5]])}, verbose=0)
+    with pytest.raises(TypeError, match=message):
+        model.save(tmp_path / "model.keras")
+
+
+def test_equal_matrices_agree_and_different_ones_do_not():
+    first = _pretrained_column("Constant_matrix")
+    equal = _pretrained_column("Constant_matrix")
+    assert first.initializer is not equal.initializer
+    assert first.agrees_on_table(equal)
+    other = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 6),
+        4,
+        initializer=keras.initializers.Constant(cases.matrix((6, 4)) + 1),
+    )
+    assert not first.agrees_on_table(other)

@@ -9,7 +9,9 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.columns import SharedEmbeddingColumn
+from keras_tpu_embed.lookup.tables import CheckpointInitializer
 from keras_tpu_embed.lookup.tables import group_into_tables
+from tests import initializer_cases as cases
 from tests import testing
 
 
@@ -163,3 +165,32 @@ def test_saved_config_does_not_read_the_checkpoint_again(tmp_path):
     # (or go back to) the warm-start checkpoint.
     restored = type(column).from_config(column.get_config())
     assert restored.ckpt_to_load_from is None
+
+
+@pytest.mark.parametrize("name", sorted(cases.PRETRAINED))
+def test_shared_columns_with_any_callable_initializer_share_a_table(name):
+    """Issue 41, item 7: grouping `json.dumps`ed the initializer, which
+    failed for a closure over a matrix or another initializer, a partial
+    and an object with `__call__`."""
+    initializer = cases.PRETRAINED[name]((6, 2))
+    item, hist = _shared(initializer=initializer)
+    (table,) = group_into_tables([item, hist])
+    assert table.initializer is initializer
+    assert table.columns == (item, hist)
+
+
+def test_checkpoint_initializer_inside_a_trace_holds_no_copy(tmp_path):
+    """Engine tables are created inside the first step's trace: the table
+    was a constant of the graph (a copy, and at most 2 GB)."""
+    values = np.arange(18, dtype=np.float32).reshape(6, 3)
+    path, tensor = _checkpoint(tmp_path, values)
+    initializer = CheckpointInitializer(path, tensor, table="item")
+    read = tf.function(lambda: initializer((6, 3), tf.float32))
+    graph = read.get_concrete_function().graph
+    sizes = [
+        op.outputs[0].shape.num_elements()
+        for op in graph.get_operations()
+        if op.type == "Const"
+    ]
+    assert values.size not in sizes, sizes
+    np.testing.assert_array_equal(read(), values)

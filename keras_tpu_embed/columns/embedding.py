@@ -9,6 +9,8 @@ factories that build them are in `embedding_columns.py`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import warnings
@@ -16,10 +18,14 @@ from typing import Any
 from typing import TypeAlias
 from typing import cast
 
+import numpy as np
+
 from keras_tpu_embed._compat import keras
+from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.devices import parse_lookup_device
+from keras_tpu_embed.lookup.initialization import describe
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import SUPPORTED_COMBINERS
 from keras_tpu_embed.types import InitializerLike
@@ -35,21 +41,105 @@ def default_initializer(dimension: int) -> keras.initializers.Initializer:
     )
 
 
-def _serialize_callable(value: Any) -> Any:
+def _serialize_callable(value: Any, column: str, argument: str) -> Any:
+    """`value` as a config holds it, refused (naming the column) where a
+    `.keras` file cannot carry it.
+
+    Keras serializes an object by its `get_config` (JSON) and finds its
+    class again only among Keras' own and the registered ones; a function
+    by name; a lambda by its bytecode and closure, which may hold anything
+    (a numpy matrix, another initializer). A `functools.partial` or an
+    object without `get_config` is not serializable at all. Refused here,
+    at save time, rather than as a bare error of Keras naming no column
+    (at save) or no class it can find (at load: TF's
+    `tf.constant_initializer` and the other `tf.*_initializer`s).
+    """
     if value is None:
         return None
-    return keras.saving.serialize_keras_object(value)
+    try:
+        config = keras.saving.serialize_keras_object(value)
+        if not hasattr(value, "get_config"):
+            json.dumps(config)
+    except (TypeError, ValueError) as error:
+        problem = f"Keras cannot serialize it ({type(error).__name__})"
+    else:
+        if _loadable(value, config):
+            return config
+        problem = "Keras could not find its class again to load it"
+    raise TypeError(
+        f"Column '{column}': its {argument} {describe(value)} cannot be "
+        f"saved in a model's config (get_config, model.save to .keras): "
+        f"{problem}. Give the column one a .keras file carries (a "
+        "keras.initializers object such as keras.initializers.Constant("
+        "matrix) for a pretrained table, a class with get_config "
+        "registered with keras.saving.register_keras_serializable, or a "
+        "named function), or save the weights only (model.save_weights, "
+        "tf.train.Checkpoint), which do not store it."
+    )
 
 
-def _callable_signature(value: Any) -> Any:
-    """`_serialize_callable` for comparing two columns' functions: that
-    saves nothing, so Keras' warning that a lambda is unsafe to save would
-    be noise (it still warns when a model holding one is saved)."""
+def _loadable(value: Any, config: object) -> bool:
+    """Whether Keras finds an object's class again: Keras' own, or one
+    registered with `keras.saving.register_keras_serializable`."""
+    if not hasattr(value, "get_config") or not isinstance(config, dict):
+        return True
+    module = str(config.get("module") or "")
+    return module.split(".")[0] == "keras" or (
+        keras.saving.get_registered_object(config.get("registered_name"))
+        is not None
+    )
+
+
+def callable_signature(value: Any) -> Any:
+    """What a column's function is, for comparing two columns' tables:
+    never saved, and never raising.
+
+    Its Keras config where that is small JSON; an array constant (a
+    pretrained matrix) by a digest of its values, not by a JSON list of
+    them; anything Keras cannot write as JSON (a `functools.partial`, a
+    lambda closing over an array) by identity, so that the columns of one
+    `shared_embedding_columns` call, which hold the one object, agree.
+    Keras' warning that a lambda is unsafe to save would be noise here (it
+    still warns when a model holding one is saved).
+    """
+    if value is None:
+        return None
+    array = _array_value(value)
+    if array is not None:
+        digest = hashlib.sha256(np.ascontiguousarray(array).data).hexdigest()
+        return {
+            "class_name": type(value).__qualname__,
+            "value": {
+                "shape": list(array.shape),
+                "dtype": str(array.dtype),
+                "sha256": digest,
+            },
+        }
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message="The object being serialized includes a `lambda`"
         )
-        return _serialize_callable(value)
+        try:
+            config = keras.saving.serialize_keras_object(value)
+            json.dumps(config)
+            return config
+        except (TypeError, ValueError):
+            return {"object": f"{type(value).__qualname__} at {id(value):#x}"}
+
+
+def _array_value(value: Any) -> np.ndarray | None:
+    """The array of a constant initializer holding one (not a scalar)."""
+    held = getattr(value, "value", None)
+    if held is None or not isinstance(
+        value, (keras.initializers.Constant, tf.constant_initializer)
+    ):
+        return None
+    if isinstance(held, tf.Variable) or (
+        tf.is_tensor(held) and not hasattr(held, "numpy")
+    ):
+        return None
+    array = np.asarray(held)
+    return array if array.ndim > 0 else None
 
 
 def _deserialize_callable(value: Any) -> Any:
@@ -196,15 +286,19 @@ class _EmbeddingSpec:
     def table_signature(self) -> dict[str, Any]:
         """What a table is made of; columns sharing a table must agree."""
         return {
-            "vocabulary_size": self.vocabulary_size,
-            "dimension": self.dimension,
-            "initializer": _callable_signature(self.initializer),
-            "learning_rate_fn": _callable_signature(self.learning_rate_fn),
-            "trainable": self.trainable,
-            "max_norm": self.max_norm,
-            "ckpt_to_load_from": self.ckpt_to_load_from,
-            "tensor_name_in_ckpt": self.tensor_name_in_ckpt,
+            **_table_fields(self),
+            "initializer": callable_signature(self.initializer),
         }
+
+    def agrees_on_table(self, other: _EmbeddingSpec) -> bool:
+        """Whether `other`'s `table_signature` is this column's, without
+        computing the signature of an initializer both hold (a digest of a
+        pretrained matrix reads all of it)."""
+        return _table_fields(self) == _table_fields(other) and (
+            self.initializer is other.initializer
+            or callable_signature(self.initializer)
+            == callable_signature(other.initializer)
+        )
 
     def get_config(self) -> dict[str, Any]:
         config = {
@@ -213,8 +307,13 @@ class _EmbeddingSpec:
         config["categorical_column"] = keras.saving.serialize_keras_object(
             self.categorical_column
         )
-        config["initializer"] = _serialize_callable(self.initializer)
-        config["learning_rate_fn"] = _serialize_callable(self.learning_rate_fn)
+        name = getattr(self, "name", self.categorical_column.name)
+        config["initializer"] = _serialize_callable(
+            self.initializer, name, "initializer"
+        )
+        config["learning_rate_fn"] = _serialize_callable(
+            self.learning_rate_fn, name, "learning_rate_fn"
+        )
         if self.tensor_core_shape is not None:
             config["tensor_core_shape"] = list(self.tensor_core_shape)
         if self.lookup_device is not None:
@@ -280,6 +379,21 @@ class SharedEmbeddingColumn(_EmbeddingSpec):
 
 
 AnyEmbeddingColumn = EmbeddingColumn | SharedEmbeddingColumn
+
+
+def _table_fields(column: _EmbeddingSpec) -> dict[str, Any]:
+    """A column's `table_signature` but its initializer."""
+    return {
+        "vocabulary_size": column.vocabulary_size,
+        "dimension": column.dimension,
+        "learning_rate_fn": callable_signature(column.learning_rate_fn),
+        "trainable": column.trainable,
+        "max_norm": column.max_norm,
+        "ckpt_to_load_from": column.ckpt_to_load_from,
+        "tensor_name_in_ckpt": column.tensor_name_in_ckpt,
+    }
+
+
 # What the public functions take: a column of this package or of
 # `tf.feature_column` (converted once, on the way in).
 EmbeddingColumnLike: TypeAlias = AnyEmbeddingColumn | TFFeatureColumn

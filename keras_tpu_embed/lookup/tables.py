@@ -10,7 +10,6 @@ a table adds to plain rows is here too: its first value from a checkpoint
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 from typing import Sequence
 
@@ -55,7 +54,6 @@ def group_into_tables(
     tables = []
     for name, members in by_name.items():
         first = members[0]
-        signature = json.dumps(first.table_signature(), sort_keys=True)
         for other in members[1:]:
             if not (
                 isinstance(first, SharedEmbeddingColumn)
@@ -67,9 +65,7 @@ def group_into_tables(
                     "share a table. Give one of them another categorical "
                     "column name or shared_embedding_collection_name."
                 )
-            if json.dumps(other.table_signature(), sort_keys=True) != (
-                signature
-            ):
+            if not first.agrees_on_table(other):
                 raise ValueError(
                     f"Columns '{first.name}' and '{other.name}' share the "
                     f"table '{name}' but disagree on it: "
@@ -121,9 +117,10 @@ class CheckpointInitializer(keras.initializers.Initializer):  # type: ignore[mis
         self.table = table
 
     def __call__(self, shape: Any, dtype: Any = None) -> Tensor:
-        reader = self._checked_reader(shape)
-        value = reader.get_tensor(self.tensor_name)
-        return tf.constant(value, dtype=dtype or "float32")
+        # Read by a restore op, not held as a constant: inside a trace (the
+        # engine creates its tables in the first step's) a constant would
+        # be a copy in the graph, which holds at most 2 GB.
+        return self.table_rows(shape, 0, int(shape[0]), dtype)
 
     def table_rows(
         self, shape: Any, start: int, count: int, dtype: Any = None

@@ -76,7 +76,11 @@ def to_tpu_feature_configs(
             vocabulary_size=table.vocabulary_size,
             dim=table.dimension,
             # Called once per host on a pod: each shard gets its rows.
-            initializer=EngineInitializer(table.initializer),
+            initializer=EngineInitializer(
+                table.initializer,
+                table=table.name,
+                columns=[column.name for column in table.columns],
+            ),
             optimizer=engine_optimizer(table, config, step).to_tpu(),
             combiner=first.combiner,
             name=table.name,
