@@ -32,7 +32,6 @@ from typing import Sequence
 
 import numpy as np
 
-from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.lookup import initialization
 from keras_tpu_embed.lookup import sparsecore_layout
@@ -92,14 +91,10 @@ def _concat(pieces: list[Tensor], dimension: int) -> Tensor:
 
 def makes_rows_alone(initializer: InitializerLike) -> bool:
     """Whether `initialization.table_rows` makes a block of rows without
-    making the whole table (the cases its docstring lists)."""
-    if hasattr(initializer, "table_rows"):
-        return True
-    if type(initializer) in (keras.initializers.Zeros, keras.initializers.Ones):
-        return True
-    if type(initializer) is keras.initializers.Constant:
-        return bool(np.ndim(getattr(initializer, "value", 0)) == 0)
-    return initialization.fills_by_blocks(initializer)
+    making the whole table."""
+    return hasattr(initializer, "table_rows") or initialization.row_local(
+        initializer
+    )
 
 
 class InitializerRows(_ByBlocks):

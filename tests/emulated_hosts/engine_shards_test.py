@@ -94,9 +94,7 @@ def test_a_model_checkpoint_on_two_hosts_saves_each_host_shard_there(
         model = models.build_emulated(strategy, "adagrad")
         model.fit(models.batches(strategy), epochs=1, verbose=0)
         with _recorded_saves() as saves, _counted_retrieves(model) as calls:
-            path = tf.train.Checkpoint(model=model).write(
-                str(tmp_path / "pod")
-            )
+            path = tf.train.Checkpoint(model=model).write(str(tmp_path / "pod"))
         trained = models.engine_values(model)
     # One retrieve from the chip for the whole save, whatever the tables.
     assert len(calls) == 1
@@ -146,7 +144,9 @@ def test_engine_checkpoint_on_two_hosts_round_trips(tmp_path):
             )
         saved = models.engine_values(model)
         model.fit(models.batches(strategy), epochs=1, verbose=0)
-        assert not np.allclose(models.engine_values(model)["user"], saved["user"])
+        assert not np.allclose(
+            models.engine_values(model)["user"], saved["user"]
+        )
         kte.restore_tables(model, path)
         models.assert_values_equal(models.engine_values(model), saved, atol=0)
     assert len(calls) == 1
