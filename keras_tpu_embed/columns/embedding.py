@@ -120,11 +120,29 @@ def callable_signature(value: Any) -> Any:
             "ignore", message="The object being serialized includes a `lambda`"
         )
         try:
-            config = keras.saving.serialize_keras_object(value)
+            config = _without_sharing_ids(
+                keras.saving.serialize_keras_object(value)
+            )
             json.dumps(config)
             return config
         except (TypeError, ValueError):
             return {"object": f"{type(value).__qualname__} at {id(value):#x}"}
+
+
+def _without_sharing_ids(config: Any) -> Any:
+    """A Keras config without its `shared_object_id`s: Keras numbers the
+    objects it meets twice while it saves or loads (an initializer that
+    shared columns hold, loaded from a `.keras` file under a strategy),
+    which says nothing of what the object is."""
+    if isinstance(config, dict):
+        return {
+            key: _without_sharing_ids(value)
+            for key, value in config.items()
+            if key != "shared_object_id"
+        }
+    if isinstance(config, list):
+        return [_without_sharing_ids(value) for value in config]
+    return config
 
 
 def _array_value(value: Any) -> np.ndarray | None:
