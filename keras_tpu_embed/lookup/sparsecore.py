@@ -295,6 +295,38 @@ def _host_rules_in_preprocessing(
     wrap_sparsecore_preprocessing(mid_level, wrap)
 
 
+def _check_samples_divide(
+    features: dict[str, Any], batch: int, replicas: int, sparse_cores: int
+) -> None:
+    """Raises unless each feature's samples split evenly over a chip's
+    SparseCores.
+
+    `TPUEmbeddingV2` gives each SparseCore of a chip `sample_count //
+    num_sc_per_chip` of a feature's per-replica samples
+    (`_preprocess_inputs_and_weights_to_list_of_coo_tensors` in
+    `tpu_embedding_v3.py`): the remainder would have no activation. A
+    sample is an example, or one position of a sequence feature.
+
+    Raises:
+        ValueError: naming the features, the batch and the batch to use.
+    """
+    uneven = sorted(
+        name
+        for name, feature in features.items()
+        if (batch * max(1, feature.max_sequence_length)) % sparse_cores
+    )
+    if uneven:
+        raise ValueError(
+            f"The SparseCore engine splits each feature's per-replica samples "
+            f"evenly over the chip's {sparse_cores} SparseCores, but the "
+            f"per-replica batch is {batch} (a global batch of "
+            f"{batch * replicas} over {replicas} replicas), which does not "
+            f"divide for the features {uneven}. Use a global batch size "
+            f"divisible by {replicas * sparse_cores} (replicas x SparseCores "
+            "per chip) in kte.distribute_dataset."
+        )
+
+
 class SparseCoreEngine(SharedEngine):
     """The engine rules of `SharedEngine`, driving `TPUEmbeddingV2`.
 
@@ -349,6 +381,13 @@ class SparseCoreEngine(SharedEngine):
         sized from that step's per-replica batch and input shapes."""
         if self._mid_level is not None:
             return self._mid_level
+        strategy = tf.distribute.get_strategy()
+        _check_samples_divide(
+            self._feature_configs,
+            batch,
+            strategy.num_replicas_in_sync,
+            tpu_hardware.sparse_cores_per_chip(strategy),
+        )
         embedding = tf.tpu.experimental.embedding
         initializers: dict[str, SparseCoreInitializer] = {}
         tables: dict[str, tf.tpu.experimental.embedding.TableConfig] = {}
@@ -370,7 +409,6 @@ class SparseCoreEngine(SharedEngine):
             )
             for name, feature in self._feature_configs.items()
         }
-        strategy = tf.distribute.get_strategy()
         # Each layer's bounds, for the columns it holds.
         configs = [(m.config, list(m.features)) for m in self._members]
         mid_level = tpu_hardware.mid_level_class(self.hardware)(
