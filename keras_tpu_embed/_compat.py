@@ -99,6 +99,10 @@ from tensorflow.python.tpu import tpu_replication as tf_tpu_replication  # noqa:
 # module at each call (`keras_tpu_embed.testing.emulated_sparsecore`).
 from tensorflow.python.tpu.ops import gen_xla_ops as tf_gen_xla_ops  # noqa: E402
 from tensorflow.python.tpu.ops import tpu_ops as tf_tpu_ops  # noqa: E402
+
+# What TF's sharded variable creator hands an initializer that takes
+# `shard_info` (`tpu_embedding_v2.make_sharded_variable_creator`).
+from tensorflow.python.trackable.base import ShardInfo as TFShardInfo  # noqa: E402
 from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
     SaveableObject as SaveableObject,
 )
@@ -194,6 +198,7 @@ __all__ = [
     "tf_attr_value_pb2",
     "SaveableObject",
     "TFSaveSpec",
+    "TFShardInfo",
     "Trackable",
     "caller_stacklevel",
     "tf",
