@@ -33,7 +33,7 @@ CASES = {
 }
 
 
-def _column(case):
+def item_column(case):
     categorical = (
         kte.categorical_column_with_vocabulary_list(
             "item", NEW_TOKENS, num_oov_buckets=1
@@ -48,7 +48,7 @@ def _column(case):
     )
 
 
-def _model(column):
+def item_model(column):
     # Ids, as the preprocessor of `_first_step` gives them.
     inputs = {
         "item": keras.Input((1,), dtype="int64", sparse=True, name="item")
@@ -63,7 +63,7 @@ def _model(column):
     return model
 
 
-def _first_step(strategy, model, column, case):
+def first_step(strategy, model, column, case):
     """A `predict` step: TF creates the engine's tables (and changes
     none)."""
     value = "t0" if case == "remap" else 0
@@ -76,7 +76,7 @@ def _first_step(strategy, model, column, case):
     model.predict(batches, verbose=0)
 
 
-def _checkpoint(tmp_path):
+def estimator_checkpoint(tmp_path):
     rng = np.random.default_rng(0)
     logical = rng.normal(size=(ROWS, 2)).astype(np.float32)
     return tpu_estimator_checkpoint(tmp_path, logical, np.abs(logical) + 0.5, 3)
@@ -85,21 +85,21 @@ def _checkpoint(tmp_path):
 @pytest.mark.parametrize("steps_first", [False, True])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_engine_tables_equal_the_cpu_model(tmp_path, case, steps_first):
-    prefix = _checkpoint(tmp_path)
+    prefix = estimator_checkpoint(tmp_path)
     arguments = {**CASES[case], "slots": True}
-    cpu = _model(_column(case))
+    cpu = item_model(item_column(case))
     cpu_report = kte.warm_start(cpu, prefix, **arguments)
     expected = models.local_values(cpu)
     with emulated_tpu(2, embedding_feature="V1") as strategy:
-        column = _column(case)
+        column = item_column(case)
         with strategy.scope():
-            model = _model(column)
+            model = item_model(column)
         assert model.get_layer("embed").engine is not None
         if steps_first:
-            _first_step(strategy, model, column, case)
+            first_step(strategy, model, column, case)
         report = kte.warm_start(model, prefix, **arguments)
         if not steps_first:
-            _first_step(strategy, model, column, case)
+            first_step(strategy, model, column, case)
         # Read back from the chip.
         actual = models.engine_values(model)
     models.assert_values_equal(actual, expected, atol=0)
