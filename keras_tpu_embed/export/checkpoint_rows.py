@@ -29,9 +29,10 @@ import numpy as np
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.lookup import initialization
+from keras_tpu_embed.types import Tensor
 
-IdsAndRows = tuple[np.ndarray, np.ndarray]
-"""`(new ids, their rows)`: one block of a `CheckpointRows` read."""
+IdsAndRows = tuple[np.ndarray, Tensor]
+"""`(new ids, their float32 rows)`: one block of a `CheckpointRows` read."""
 
 
 def stored_pieces(rows: int, num_shards: int) -> list[tuple[int, int]]:
@@ -135,7 +136,8 @@ class CheckpointRows:
 
         Reads one range of one stored piece at a time (the rows these ids
         need in it), with `device` running the read when given; yields
-        `(new ids, float32 rows)` in blocks of at most
+        `(new ids, float32 rows)` (a numpy array, a tensor) in blocks of
+        at most
         `initialization.BLOCK_BYTES`. New ids the checkpoint has no row
         for (a remap's new tokens) are not yielded.
         """
@@ -148,12 +150,16 @@ class CheckpointRows:
             for begin in range(low, high, self._block):
                 end = min(begin + self._block, high)
                 ids = self._new_ids(index, first, begin, end)
-                block = values[begin - low : end - low]
                 keep = (ids >= start) & (ids < stop)
-                if keep.all():
-                    yield ids, block
-                elif keep.any():
-                    yield ids[keep], block[keep]
+                if not keep.any():
+                    continue
+                # Sliced where it was read (a slice elsewhere would copy
+                # the whole read there first).
+                with tf.device(device or ""):
+                    block = values[begin - low : end - low]
+                    if not keep.all():
+                        block = tf.gather(block, np.flatnonzero(keep))
+                yield ids[keep], block
 
     def _span(
         self, index: int, first: int, size: int, start: int, stop: int
@@ -205,8 +211,12 @@ class CheckpointRows:
         new: np.ndarray = self._remap[0][old]
         return new
 
-    def _restore(self, low: int, high: int, device: str | None) -> np.ndarray:
-        """Stored rows `[low, high)` as float32, read by TF's `RestoreV2`."""
+    def _restore(self, low: int, high: int, device: str | None) -> Tensor:
+        """Stored rows `[low, high)` as float32, read by TF's `RestoreV2`.
+
+        A tensor: its `.numpy()` would copy it whole (blocks are copied
+        out of it one at a time instead).
+        """
         rows, dimension = self._stored_shape
         spec = tf.Variable.SaveSliceInfo(
             full_name="",
@@ -221,6 +231,4 @@ class CheckpointRows:
                 shape_and_slices=[spec],
                 dtypes=[self._dtype],
             )
-            value = tf.cast(value, tf.float32)
-        array: np.ndarray = value.numpy()
-        return array
+            return tf.cast(value, tf.float32)

@@ -278,7 +278,7 @@ class _EngineRows:
                     low - shard.start : high - shard.start
                 ]
             for ids, values in load.rows.blocks(low, high, shard.host):
-                result[ids - start] = values
+                result[ids - start] = values.numpy()
         return result
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
