@@ -60,6 +60,7 @@ from keras_tpu_embed.export.checkpoint_rows import CheckpointRows
 from keras_tpu_embed.export.checkpoint_rows import vocabulary_positions
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
+from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.tables import TableSpec
 
 _OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -244,7 +245,7 @@ class _Load:
     rows: CheckpointRows
     keeps_rows: bool  # a remap: rows the checkpoint lacks keep their values
     variable: Any = None  # a table or slot the layer holds
-    engine: Any = None  # or the TPU embedding engine that holds it
+    engine: SharedEngine | None = None  # or the engine that holds it
 
 
 class _EngineRows:
@@ -257,21 +258,22 @@ class _EngineRows:
     values (its initial values before its first step).
     """
 
-    def __init__(self, load: _Load) -> None:
+    def __init__(self, load: _Load, engine: SharedEngine) -> None:
         self._load = load
+        self._engine = engine
         self.shape = load.rows.shape
 
     def __getitem__(self, rows: slice) -> np.ndarray:
         start, stop, _ = rows.indices(self.shape[0])
         load = self._load
         result = np.empty((max(stop - start, 0), self.shape[1]), np.float32)
-        for shard in load.engine.shards_of(load.table):
+        for shard in self._engine.shards_of(load.table):
             low = max(start, shard.start)
             high = min(stop, shard.start + shard.rows)
             if low >= high:
                 continue
             if load.keeps_rows:
-                current = load.engine.current_shard(
+                current = self._engine.current_shard(
                     load.table, load.slot, shard
                 )
                 result[low - start : high - start] = current.numpy()[
@@ -297,7 +299,9 @@ def _write_variable(variable: Any, rows: CheckpointRows) -> None:
             )
 
 
-def _write_engine(engine: Any, loads: list[_Load], done: list[str]) -> None:
+def _write_engine(
+    engine: SharedEngine, loads: list[_Load], done: list[str]
+) -> None:
     """Writes one engine's tables and slots, a table at a time (each host
     shard on its host), then loads them onto the chip once; also when a
     read fails part way, so the chip holds what the host copies hold."""
@@ -306,7 +310,10 @@ def _write_engine(engine: Any, loads: list[_Load], done: list[str]) -> None:
         for table in tables:
             mine = [load for load in loads if load.table == table]
             engine.write_tables(
-                {(load.table, load.slot): _EngineRows(load) for load in mine},
+                {
+                    (load.table, load.slot): _EngineRows(load, engine)
+                    for load in mine
+                },
                 load=False,
             )
             done.extend(load.name for load in mine)
@@ -314,12 +321,140 @@ def _write_engine(engine: Any, loads: list[_Load], done: list[str]) -> None:
         engine.load_tables(tables)
 
 
+@dataclasses.dataclass(frozen=True)
+class _LegacyCheckpoint:
+    """A checkpoint's index (its tensors' shapes and dtypes, read without
+    their values) and how the run that wrote it sharded its tables."""
+
+    path: str
+    prefix: str
+    keys: dict[str, str]  # tensor name (no object suffix) -> its key
+    shapes: dict[str, list[int]]  # by key
+    dtypes: dict[str, Any]  # by key
+    num_shards: int
+    mod: bool
+
+    @classmethod
+    def open(
+        cls, path: str, partition_strategy: str, num_shards: int | None
+    ) -> _LegacyCheckpoint:
+        """Reads the index of the checkpoint at `path` (path or prefix).
+
+        Raises:
+            ValueError: the checkpoint cannot be read.
+        """
+        try:
+            reader = tf.train.load_checkpoint(path)
+            shapes = reader.get_variable_to_shape_map()
+            dtypes = reader.get_variable_to_dtype_map()
+        except (ValueError, tf.errors.OpError) as error:
+            raise ValueError(
+                f"Cannot read the checkpoint {path}: {error}"
+            ) from error
+        return cls(
+            path=path,
+            prefix=(
+                tf.train.latest_checkpoint(path)
+                if tf.io.gfile.isdir(path)
+                else path
+            ),
+            keys={
+                key[: -len(_OBJECT_SUFFIX)]
+                if key.endswith(_OBJECT_SUFFIX)
+                else key: key
+                for key in shapes
+            },
+            shapes={key: list(shape) for key, shape in shapes.items()},
+            dtypes=dict(dtypes),
+            num_shards=int(num_shards or 1),
+            mod=partition_strategy == "mod",
+        )
+
+    def rows(
+        self,
+        tensor_name: str,
+        table: str,
+        shape: list[int],
+        remap: tuple[list[Any], list[Any]] | None,
+    ) -> CheckpointRows:
+        """The tensor as rows of `table` (or its slot) of `shape`.
+
+        Raises:
+            ValueError: the shapes differ (any dimension; with a remap,
+                the dimension), the tensor holds no floats, or the remap's
+                old vocabulary has more tokens than the tensor has rows.
+        """
+        key = self.keys[tensor_name]
+        stored = self.shapes[key]
+        if stored[1:] != shape[1:] or (remap is None and stored != shape):
+            raise ValueError(
+                f"Tensor '{tensor_name}' of checkpoint {self.path} has shape "
+                f"{stored}, but table '{table}' has shape {shape}. Give the "
+                "columns the checkpoint's vocabulary and dimension, or pass "
+                "vocabularies= to remap rows."
+            )
+        dtype = tf.as_dtype(self.dtypes[key])
+        if not dtype.is_floating:
+            raise ValueError(
+                f"Tensor '{tensor_name}' of checkpoint {self.path} holds "
+                f"{dtype.name} values, not floats: it is not an embedding "
+                f"table. Pass variable_names={{'{table}': <the table's "
+                "tensor>}."
+            )
+        positions = None
+        if remap is not None:
+            old, new = remap
+            if len(old) > stored[0]:
+                raise ValueError(
+                    f"The old vocabulary of table '{table}' has {len(old)} "
+                    f"tokens, but tensor '{tensor_name}' of checkpoint "
+                    f"{self.path} has {stored[0]} rows: it is not the "
+                    "vocabulary this checkpoint was trained with. Give that "
+                    "vocabulary."
+                )
+            positions = vocabulary_positions(old, new, stored[0], shape[0])
+        return CheckpointRows(
+            self.prefix,
+            key,
+            (stored[0], stored[1]),
+            dtype,
+            rows=shape[0],
+            num_shards=self.num_shards,
+            mod=self.mod,
+            remap=positions,
+        )
+
+
+def _load(
+    source: _LegacyCheckpoint,
+    layer: TPUEmbeddingLayer,
+    table: str,
+    on_engine: bool,
+    tensor_name: str,
+    remap: tuple[list[Any], list[Any]] | None,
+    slot: str = "parameters",
+) -> _Load:
+    """A checked table or slot of `layer`, from `tensor_name`."""
+    shape = _table_shapes(layer, table, on_engine)[slot]
+    rows = source.rows(tensor_name, table, shape, remap)
+    name = table if slot == "parameters" else f"{table}/{slot}"
+    keeps_rows = remap is not None
+    if on_engine:
+        return _Load(name, table, slot, rows, keeps_rows, engine=layer.engine)
+    variable = (
+        layer.table_variable(table)
+        if slot == "parameters"
+        else layer.slot_variables(table)[slot]
+    )
+    return _Load(name, table, slot, rows, keeps_rows, variable=variable)
+
+
 def _table_shapes(
     layer: TPUEmbeddingLayer, table: str, on_engine: bool
 ) -> dict[str, list[int]]:
     """`{"parameters": shape, <slot>: shape, ...}` of a table."""
-    if on_engine:
-        return dict(layer.engine.table_slots(table))  # type: ignore[union-attr]
+    if on_engine and layer.engine is not None:
+        return dict(layer.engine.table_slots(table))
     return {
         "parameters": list(layer.table_variable(table).shape),
         **{
@@ -400,25 +535,7 @@ def warm_start(
     remaps = dict(vocabularies or {})
     _check_table_keys("variable_names", explicit, table_names)
     _check_table_keys("vocabularies", remaps, table_names)
-    try:
-        reader = tf.train.load_checkpoint(checkpoint)
-        stored_shapes = reader.get_variable_to_shape_map()
-        stored_dtypes = reader.get_variable_to_dtype_map()
-    except (ValueError, tf.errors.OpError) as error:
-        raise ValueError(
-            f"Cannot read the checkpoint {checkpoint}: {error}"
-        ) from error
-    prefix = (
-        tf.train.latest_checkpoint(checkpoint)
-        if tf.io.gfile.isdir(checkpoint)
-        else checkpoint
-    )
-    keys = {
-        key[: -len(_OBJECT_SUFFIX)]
-        if key.endswith(_OBJECT_SUFFIX)
-        else key: key
-        for key in stored_shapes
-    }
+    source = _LegacyCheckpoint.open(checkpoint, partition_strategy, num_shards)
     report = WarmStartReport()
     # Checked before any is written.
     plan: list[_Load] = []
@@ -431,7 +548,7 @@ def warm_start(
                 if table.name in explicit
                 else _candidates(table)
             )
-            found = _match(list(keys), wanted)
+            found = _match(list(source.keys), wanted)
             if len(found) > 1:
                 raise ValueError(
                     f"Checkpoint {checkpoint} has several tensors for table "
@@ -448,83 +565,9 @@ def warm_start(
                 else None
             )
             shapes = _table_shapes(layer, table.name, on_engine)
-
-            def checked(
-                tensor_name: str,
-                slot: str,
-                table: TableSpec = table,
-                remap: tuple[list[Any], list[Any]] | None = remap,
-                shapes: dict[str, list[int]] = shapes,
-                on_engine: bool = on_engine,
-                layer: TPUEmbeddingLayer = layer,
-            ) -> _Load:
-                key = keys[tensor_name]
-                stored = list(stored_shapes[key])
-                shape = shapes[slot]
-                wrong = stored[1:] != shape[1:] or (
-                    remap is None and stored != shape
-                )
-                if wrong:
-                    raise ValueError(
-                        f"Tensor '{tensor_name}' of checkpoint {checkpoint} "
-                        f"has shape {stored}, but table "
-                        f"'{table.name}' has shape {shape}. "
-                        "Give the columns the checkpoint's vocabulary and "
-                        "dimension, or pass vocabularies= to remap rows."
-                    )
-                dtype = tf.as_dtype(stored_dtypes[key])
-                if not dtype.is_floating:
-                    raise ValueError(
-                        f"Tensor '{tensor_name}' of checkpoint {checkpoint} "
-                        f"holds {dtype.name} values, not floats: it is not "
-                        f"an embedding table. Pass variable_names="
-                        f"{{'{table.name}': <the table's tensor>}}."
-                    )
-                positions = None
-                if remap is not None:
-                    old, new = remap
-                    if len(old) > stored[0]:
-                        raise ValueError(
-                            f"The old vocabulary of table '{table.name}' has "
-                            f"{len(old)} tokens, but tensor '{tensor_name}' "
-                            f"of checkpoint {checkpoint} has {stored[0]} "
-                            "rows: it is not the vocabulary this checkpoint "
-                            "was trained with. Give that vocabulary."
-                        )
-                    positions = vocabulary_positions(
-                        old, new, stored[0], shape[0]
-                    )
-                rows = CheckpointRows(
-                    prefix,
-                    key,
-                    (stored[0], stored[1]),
-                    dtype,
-                    rows=shape[0],
-                    num_shards=int(num_shards or 1),
-                    mod=partition_strategy == "mod",
-                    remap=positions,
-                )
-                return _Load(
-                    name=(
-                        table.name
-                        if slot == "parameters"
-                        else f"{table.name}/{slot}"
-                    ),
-                    table=table.name,
-                    slot=slot,
-                    rows=rows,
-                    keeps_rows=remap is not None,
-                    variable=(
-                        None
-                        if on_engine
-                        else layer.table_variable(table.name)
-                        if slot == "parameters"
-                        else layer.slot_variables(table.name)[slot]
-                    ),
-                    engine=layer.engine if on_engine else None,
-                )
-
-            plan.append(checked(name, "parameters"))
+            plan.append(
+                _load(source, layer, table.name, on_engine, name, remap)
+            )
             report.loaded[table.name] = name
             if remap is not None:
                 report.remapped[table.name] = len(set(remap[0]) & set(remap[1]))
@@ -534,11 +577,21 @@ def warm_start(
                 if slot == "parameters":
                     continue
                 options = [f"{name}/{s}" for s in SLOT_SUFFIXES.get(slot, ())]
-                present = [o for o in options if o in keys]
+                present = [o for o in options if o in source.keys]
                 if not present:
                     report.not_found[f"{table.name}/{slot}"] = options
                     continue
-                plan.append(checked(present[0], slot))
+                plan.append(
+                    _load(
+                        source,
+                        layer,
+                        table.name,
+                        on_engine,
+                        present[0],
+                        remap,
+                        slot,
+                    )
+                )
                 report.slots.setdefault(table.name, {})[slot] = present[0]
     _write(plan, checkpoint)
     if report.not_found:
@@ -564,7 +617,7 @@ def _write(plan: list[_Load], checkpoint: str) -> None:
             the tables and slots already loaded.
     """
     done: list[str] = []
-    engines: dict[int, tuple[Any, list[_Load]]] = {}
+    engines: dict[int, tuple[SharedEngine, list[_Load]]] = {}
     current = ""
     try:
         for load in plan:
