@@ -137,9 +137,8 @@ class CheckpointRows:
         Reads one range of one stored piece at a time (the rows these ids
         need in it), with `device` running the read when given; yields
         `(new ids, float32 rows)` (a numpy array, a tensor) in blocks of
-        at most
-        `initialization.BLOCK_BYTES`. New ids the checkpoint has no row
-        for (a remap's new tokens) are not yielded.
+        at most `initialization.BLOCK_BYTES`. New ids the checkpoint has no
+        row for (a remap's new tokens) are not yielded.
         """
         for index, (first, size) in enumerate(self._pieces):
             span = self._span(index, first, size, start, stop)
