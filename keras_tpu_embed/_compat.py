@@ -109,6 +109,10 @@ from tensorflow.python.tpu import tpu_replication as tf_tpu_replication  # noqa:
 from tensorflow.python.tpu.ops import gen_xla_ops as tf_gen_xla_ops  # noqa: E402
 from tensorflow.python.tpu.ops import tpu_ops as tf_tpu_ops  # noqa: E402
 from tensorflow.python.trackable import trackable_utils as tf_trackable_utils  # noqa: E402
+
+# What TF's sharded variable creator hands an initializer that takes
+# `shard_info` (`tpu_embedding_v2.make_sharded_variable_creator`).
+from tensorflow.python.trackable.base import ShardInfo as TFShardInfo  # noqa: E402
 from tensorflow.python.training.saving.saveable_object import (  # noqa: E402
     SaveableObject as TFSaveableObject,
 )
@@ -206,6 +210,7 @@ __all__ = [
     "TFSaveableObject",
     "tf_sparse_core_layout_pb2",
     "tf_trackable_utils",
+    "TFShardInfo",
     "Trackable",
     "caller_stacklevel",
     "tf",

@@ -327,6 +327,14 @@ def wrap_v1_enqueue_op(
     mid_level._generate_enqueue_op = wrap(mid_level._generate_enqueue_op)
 
 
+def engine_optimizer_slot_initializers(optimizer: Any) -> dict[str, Any]:
+    """Slot name -> the initializer TF creates that slot with:
+    `_Optimizer._slot_initializers` (`tpu_embedding_v2_utils.py`), a list
+    parallel to `_slot_names`, which `_create_slots` reads; no public
+    accessor."""
+    return dict(zip(optimizer._slot_names(), optimizer._slot_initializers()))
+
+
 def wrap_sparsecore_preprocessing(
     mid_level: MidLevelEmbedding,
     wrap: Callable[[Callable[..., Any]], Callable[..., Any]],

@@ -10,12 +10,13 @@ each row where TF1's own "mod" `embedding_lookup` reads it, and the Adagrad
 slot `<table>/Adagrad` beside it.
 """
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.export.warm_start import unshard_mod
+from keras_tpu_embed.lookup import initialization
 
 fc = tf.feature_column
 V1 = tf.compat.v1
@@ -154,7 +155,10 @@ def test_vocabulary_change_moves_rows_by_token(tmp_path):
     np.testing.assert_array_equal(table[[1, 3]], initial[[1, 3]])
 
 
-def _tpu_estimator_checkpoint(directory, logical, accumulators, num_hosts):
+TABLE_KEY = "input_layer/item_embedding/embedding_weights"
+
+
+def tpu_estimator_checkpoint(directory, logical, accumulators, num_hosts):
     """A checkpoint laid out as a TPUEstimator run with "mod" sharding
     writes it: the table and its Adagrad slot partitioned over the hosts by
     `fixed_size_partitioner`, each row where TF1's own "mod" lookup
@@ -163,7 +167,7 @@ def _tpu_estimator_checkpoint(directory, logical, accumulators, num_hosts):
     `unshard_mod` assumes. What this cannot catch: that TPUEstimator itself
     shards with `fixed_size_partitioner` and "mod" (its sources say so; no
     TPUEstimator runs here)."""
-    name = "input_layer/item_embedding/embedding_weights"
+    name = TABLE_KEY
     with tf.Graph().as_default():
         shards = {
             variable_name: list(
@@ -218,7 +222,7 @@ def _tpu_estimator_checkpoint(directory, logical, accumulators, num_hosts):
 def test_mod_sharded_tpu_estimator_table_and_slots(tmp_path):
     logical = np.arange(14 * 2, dtype=np.float32).reshape(14, 2)
     accumulators = logical + 100.0
-    prefix = _tpu_estimator_checkpoint(tmp_path, logical, accumulators, 3)
+    prefix = tpu_estimator_checkpoint(tmp_path, logical, accumulators, 3)
     shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
     assert shapes["input_layer/item_embedding/embedding_weights"] == [14, 2]
     column = tf.compat.v1.tpu.experimental.embedding_column(
@@ -246,12 +250,6 @@ def test_mod_sharded_tpu_estimator_table_and_slots(tmp_path):
 def test_mod_needs_the_number_of_shards(tmp_path):
     with pytest.raises(ValueError, match="num_shards"):
         kte.warm_start(_layer(), str(tmp_path), partition_strategy="mod")
-
-
-def test_unshard_mod_inverts_the_host_layout():
-    ids = np.arange(11)[:, None]
-    stored = np.concatenate([ids[h::4] for h in range(4)])
-    np.testing.assert_array_equal(unshard_mod(stored, 4), ids)
 
 
 def test_tf2_shared_embeddings_variable_is_found(tmp_path):
@@ -335,7 +333,7 @@ def test_mod_refuses_a_number_of_shards_that_is_not_positive(
     tmp_path, num_shards
 ):
     logical = np.arange(14 * 2, dtype=np.float32).reshape(14, 2)
-    prefix = _tpu_estimator_checkpoint(tmp_path, logical, logical, 3)
+    prefix = tpu_estimator_checkpoint(tmp_path, logical, logical, 3)
     column = kte.embedding_column(
         kte.categorical_column_with_identity("item", 14), 2
     )
@@ -469,3 +467,161 @@ def test_a_failing_table_leaves_every_table_unchanged(tmp_path):
     with pytest.raises(ValueError, match="s_shared"):
         kte.warm_start(layer, prefix)
     np.testing.assert_array_equal(layer.table_variable("item").numpy(), before)
+
+
+class _RecordingReader:
+    """A checkpoint reader that records every whole tensor read."""
+
+    def __init__(self, reader):
+        self._reader = reader
+        self.whole_reads = []
+
+    def get_tensor(self, name):
+        self.whole_reads.append(name)
+        return self._reader.get_tensor(name)
+
+    def __getattr__(self, name):
+        return getattr(self._reader, name)
+
+
+@pytest.fixture(name="reads")
+def _reads(monkeypatch):
+    """`(whole tensors read, slice specs RestoreV2 was asked for)`."""
+    readers = []
+    load_checkpoint = tf.train.load_checkpoint
+
+    def recording_load(path):
+        readers.append(_RecordingReader(load_checkpoint(path)))
+        return readers[-1]
+
+    specs = []
+    restore = tf.raw_ops.RestoreV2
+
+    def recording_restore(**kwargs):
+        specs.extend(
+            zip(kwargs["tensor_names"], kwargs["shape_and_slices"], strict=True)
+        )
+        return restore(**kwargs)
+
+    monkeypatch.setattr(tf.train, "load_checkpoint", recording_load)
+    monkeypatch.setattr(tf.raw_ops, "RestoreV2", recording_restore)
+    return readers, specs
+
+
+def _slice_rows(spec):
+    """`(first row, rows)` of a slice spec such as `"14 2 5,5:0,2"`."""
+    first, size = spec.split()[2].split(":")[0].split(",")
+    return int(first), int(size)
+
+
+def test_reads_one_stored_slice_at_a_time_never_a_whole_table(tmp_path, reads):
+    """The TPUEstimator checkpoint stores each table and slot as 3 slices
+    (one per host); each is read on its own, once, and never whole."""
+    logical = np.arange(14 * 2, dtype=np.float32).reshape(14, 2)
+    prefix = tpu_estimator_checkpoint(tmp_path, logical, logical + 100, 3)
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("item", 14), 2
+    )
+    layer = kte.TPUEmbeddingLayer(
+        [column],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1)),
+    )
+    layer.build()
+    kte.warm_start(
+        layer, prefix, partition_strategy="mod", num_shards=3, slots=True
+    )
+    readers, specs = reads
+    assert [reader.whole_reads for reader in readers] == [[]]
+    stored = [(0, 5), (5, 5), (10, 4)]  # fixed_size_partitioner(3) of 14
+    for tensor in (TABLE_KEY, TABLE_KEY + "/Adagrad"):
+        pieces = sorted(_slice_rows(s) for name, s in specs if name == tensor)
+        assert pieces == stored, tensor
+    np.testing.assert_array_equal(layer.table_variable("item").numpy(), logical)
+    np.testing.assert_array_equal(
+        layer.slot_variables("item")["accumulators"].numpy(), logical + 100
+    )
+
+
+def test_tables_are_written_in_place_by_blocks(tmp_path, monkeypatch):
+    # Blocks of 24 bytes: 2 rows of `item` (dimension 3), 3 of `s_shared`.
+    monkeypatch.setattr(initialization, "BLOCK_BYTES", 2 * 3 * 4)
+    prefix, legacy = _legacy_checkpoint(tmp_path)
+    layer = _layer(output="concat")
+    variable_class = type(layer.table_variable("item").value)
+    assigned, scattered = [], []
+    assign = keras.Variable.assign
+    scatter = variable_class.scatter_update
+
+    def recording_assign(variable, value):
+        assigned.append(tuple(np.shape(value)))
+        return assign(variable, value)
+
+    def recording_scatter(variable, sparse_delta, *args, **kwargs):
+        scattered.append(tuple(sparse_delta.values.shape))
+        return scatter(variable, sparse_delta, *args, **kwargs)
+
+    monkeypatch.setattr(keras.Variable, "assign", recording_assign)
+    monkeypatch.setattr(variable_class, "scatter_update", recording_scatter)
+    kte.warm_start(layer, prefix)
+    assert assigned == []
+    # item [6, 3] in 3 blocks, s_shared [5, 2] in 2.
+    assert scattered == [(2, 3)] * 3 + [(3, 2), (2, 2)]
+    np.testing.assert_allclose(layer(_features()).numpy(), legacy, atol=1e-6)
+
+
+def test_mod_sharded_table_and_slots_remapped_by_token(tmp_path):
+    logical = np.arange(14 * 2, dtype=np.float32).reshape(14, 2)
+    prefix = tpu_estimator_checkpoint(tmp_path, logical, logical + 100, 3)
+    old = [f"t{i}" for i in range(14)]
+    new = ["t13", "fresh", "t0", "t5", "t7"]
+    column = kte.embedding_column(
+        kte.categorical_column_with_vocabulary_list(
+            "item", new, num_oov_buckets=1
+        ),
+        2,
+    )
+    layer = kte.TPUEmbeddingLayer(
+        [column],
+        config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1)),
+    )
+    layer.build()
+    table = layer.table_variable("item")
+    initial = table.numpy().copy()
+    report = kte.warm_start(
+        layer,
+        prefix,
+        partition_strategy="mod",
+        num_shards=3,
+        slots=True,
+        vocabularies={"item": (old, None)},
+    )
+    assert report.remapped == {"item": 4}
+    moved = {0: 13, 2: 0, 3: 5, 4: 7}
+    expected = initial.copy()
+    expected_slot = np.full_like(initial, 0.1)
+    for new_id, old_id in moved.items():
+        expected[new_id] = logical[old_id]
+        expected_slot[new_id] = logical[old_id] + 100
+    np.testing.assert_array_equal(table.numpy(), expected)
+    np.testing.assert_array_equal(
+        layer.slot_variables("item")["accumulators"].numpy(), expected_slot
+    )
+
+
+def test_a_damaged_data_file_names_what_was_loaded(tmp_path):
+    prefix, _ = _legacy_checkpoint(tmp_path)
+    # The data file holds the tensors in key order, `s_shared` last:
+    # damage its last bytes, so its checksum fails and `item` still reads.
+    data = tmp_path / "legacy.data-00000-of-00001"
+    content = bytearray(data.read_bytes())
+    content[-4:] = b"\xff\xff\xff\xff"
+    data.write_bytes(bytes(content))
+    layer = _layer()
+    before = layer.table_variable("s_shared").numpy().copy()
+    with pytest.raises(
+        ValueError, match=r"s_shared.*Already loaded from it: \['item'\]"
+    ):
+        kte.warm_start(layer, prefix)
+    np.testing.assert_array_equal(
+        layer.table_variable("s_shared").numpy(), before
+    )

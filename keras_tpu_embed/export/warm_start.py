@@ -1,9 +1,10 @@
 """Warm start: a model's tables from the checkpoint of a legacy model.
 
 `warm_start(model, checkpoint)` finds, for every table the model's embedding
-layers hold, the variable a feature-column or TPUEstimator model stored it
-under, and assigns it (and, optionally, the optimizer slots). Names, from
-the TF sources:
+layers hold (itself or on the TPU embedding engine), the variable a
+feature-column or TPUEstimator model stored it under, and writes it into
+the table (and, optionally, the optimizer slots). Names, from the TF
+sources:
 
 - `DenseFeatures` / `input_layer` / `SequenceFeatures`: the embedding
   column's variable `embedding_weights` under the column's scope,
@@ -22,15 +23,23 @@ the TF sources:
 - Sharded TPUEstimator tables: TF 1.15 `tpu_embedding.py`
   (`_create_partitioned_variables`) makes each table one variable per host
   with `fixed_size_partitioner(num_hosts)`, which a name-based checkpoint
-  stores as one key of the full shape. With `partition_strategy="div"` the
-  rows are in order. With `"mod"` host `i` holds the ids `i, i + n, ...`
-  (the `embedding_lookup` convention the TPU shards follow; inferred, not
-  run on a TPU here), so the stored rows are permuted back by id.
+  stores as one key of the full shape, in one slice per host. With
+  `partition_strategy="div"` the rows are in order. With `"mod"` host `i`
+  holds the ids `i, i + n, ...` (the `embedding_lookup` convention the TPU
+  shards follow; inferred, not run on a TPU here), so the stored rows are
+  put back by id.
 
 A vocabulary change moves rows by token, as `tf.compat.v1.train.warm_start`
 with `VocabInfo` does (`warm_starting_util.py`, through
 `checkpoint_ops._load_and_remap_matrix`): a token's row comes from its old
-position; new tokens and OOV buckets keep the table's initial values.
+position; new tokens and OOV buckets keep the table's values.
+
+Every table and slot is checked against the checkpoint's index first, then
+each is read a stored piece at a time (`checkpoint_rows.CheckpointRows`)
+and written in blocks of rows: into a table the layer holds with a scatter
+per block, and into an engine table one host shard at a time on that host
+(`write_tables`), then loaded onto the chip once. No table passes whole
+through this process unless the checkpoint stored it whole.
 """
 
 from __future__ import annotations
@@ -47,7 +56,11 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.columns import read_vocabulary_file
+from keras_tpu_embed.export.checkpoint_rows import CheckpointRows
+from keras_tpu_embed.export.checkpoint_rows import vocabulary_positions
+from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
+from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.tables import TableSpec
 
 _OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
@@ -96,28 +109,6 @@ def _match(names: Sequence[str], wanted: Sequence[str]) -> list[str]:
             if name == want or name.endswith("/" + want)
         }
     )
-
-
-def unshard_mod(value: np.ndarray, num_shards: int) -> np.ndarray:
-    """Rows of a "mod"-sharded table (shards concatenated) back in id order.
-
-    Shard `i` holds the ids `i, i + n, ...`; `fixed_size_partitioner` makes
-    the first `rows % n` shards one row longer, which is exactly their
-    share of ids.
-
-    Example:
-
-    >>> unshard_mod(np.array([[0], [2], [4], [1], [3]]), 2).ravel().tolist()
-    [0, 1, 2, 3, 4]
-    """
-    rows = value.shape[0]
-    result = np.empty_like(value)
-    offset = 0
-    for shard in range(num_shards):
-        size = rows // num_shards + (1 if shard < rows % num_shards else 0)
-        result[shard::num_shards] = value[offset : offset + size]
-        offset += size
-    return result
 
 
 def _check_num_shards(partition_strategy: str, num_shards: Any) -> None:
@@ -244,28 +235,233 @@ def _remap_vocabularies(
     return old_tokens, new_tokens
 
 
-def remap_rows(
-    old: np.ndarray,
-    old_vocabulary: Sequence[Any],
-    new_vocabulary: Sequence[Any],
-    initial: np.ndarray,
-) -> np.ndarray:
-    """`initial` with each token's row taken from its old position.
+@dataclasses.dataclass(frozen=True)
+class _Load:
+    """A checked table or slot: its checkpoint rows and where they go."""
 
-    Example:
+    name: str  # `<table>` or `<table>/<slot>`, for messages
+    table: str
+    slot: str  # "parameters" or the slot's name
+    rows: CheckpointRows
+    keeps_rows: bool  # a remap: rows the checkpoint lacks keep their values
+    variable: Any = None  # a table or slot the layer holds
+    engine: SharedEngine | None = None  # or the engine that holds it
 
-    >>> old = np.array([[1.0], [2.0], [3.0]])
-    >>> remap_rows(old, ["a", "b", "c"], ["c", "x", "a"],
-    ...            np.zeros([4, 1])).ravel().tolist()
-    [3.0, 0.0, 1.0, 0.0]
+
+class _EngineRows:
+    """A checkpoint's table or slot as the engine's `write_tables` reads
+    it: `value[start:stop]` is read from the checkpoint when asked, on the
+    host of the shard that holds those rows, one stored piece at a time.
+
+    Made for each host shard once, so no table passes whole through this
+    process. With a remap, rows the checkpoint lacks keep the engine's
+    values (its initial values before its first step).
     """
-    result = np.array(initial, copy=True)
-    position = {token: i for i, token in enumerate(old_vocabulary)}
-    for row, token in enumerate(new_vocabulary):
-        source = position.get(token)
-        if source is not None and source < old.shape[0]:
-            result[row] = old[source]
-    return result
+
+    def __init__(self, load: _Load, engine: SharedEngine) -> None:
+        self._load = load
+        self._engine = engine
+        self.shape = load.rows.shape
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        start, stop, _ = rows.indices(self.shape[0])
+        load = self._load
+        result = np.empty((max(stop - start, 0), self.shape[1]), np.float32)
+        for shard in self._engine.shards_of(load.table):
+            low = max(start, shard.start)
+            high = min(stop, shard.start + shard.rows)
+            if low >= high:
+                continue
+            if load.keeps_rows:
+                current = self._engine.current_shard(
+                    load.table, load.slot, shard
+                )
+                result[low - start : high - start] = current.numpy()[
+                    low - shard.start : high - shard.start
+                ]
+            for ids, values in load.rows.blocks(low, high, shard.host):
+                result[ids - start] = values.numpy()
+        return result
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # An engine that takes tables whole (SparseCore) reads it so.
+        return np.asarray(self[:], dtype=dtype)
+
+
+def _write_variable(variable: Any, rows: CheckpointRows) -> None:
+    """Writes the rows into a table or slot the layer holds, in place."""
+    with tf.init_scope():
+        target = variable.value if hasattr(variable, "value") else variable
+        for ids, values in rows.blocks(0, rows.shape[0]):
+            # A scatter writes in place; an assign would copy the table.
+            target.scatter_update(
+                tf.IndexedSlices(tf.cast(values, target.dtype), ids)
+            )
+
+
+def _write_engine(
+    engine: SharedEngine, loads: list[_Load], done: list[str]
+) -> None:
+    """Writes one engine's tables and slots, a table at a time (each host
+    shard on its host), then loads them onto the chip once; also when a
+    read fails part way, so the chip holds what the host copies hold."""
+    tables = list(dict.fromkeys(load.table for load in loads))
+    try:
+        for table in tables:
+            mine = [load for load in loads if load.table == table]
+            engine.write_tables(
+                {
+                    (load.table, load.slot): _EngineRows(load, engine)
+                    for load in mine
+                },
+                load=False,
+            )
+            done.extend(load.name for load in mine)
+    finally:
+        engine.load_tables(tables)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LegacyCheckpoint:
+    """A checkpoint's index (its tensors' shapes and dtypes, read without
+    their values) and how the run that wrote it sharded its tables."""
+
+    path: str
+    prefix: str
+    keys: dict[str, str]  # tensor name (no object suffix) -> its key
+    shapes: dict[str, list[int]]  # by key
+    dtypes: dict[str, Any]  # by key
+    num_shards: int
+    mod: bool
+
+    @classmethod
+    def open(
+        cls, path: str, partition_strategy: str, num_shards: int | None
+    ) -> _LegacyCheckpoint:
+        """Reads the index of the checkpoint at `path` (path or prefix).
+
+        Raises:
+            ValueError: the checkpoint cannot be read.
+        """
+        try:
+            reader = tf.train.load_checkpoint(path)
+            shapes = reader.get_variable_to_shape_map()
+            dtypes = reader.get_variable_to_dtype_map()
+        except (ValueError, tf.errors.OpError) as error:
+            raise ValueError(
+                f"Cannot read the checkpoint {path}: {error}"
+            ) from error
+        return cls(
+            path=path,
+            prefix=(
+                tf.train.latest_checkpoint(path)
+                if tf.io.gfile.isdir(path)
+                else path
+            ),
+            keys={
+                key[: -len(_OBJECT_SUFFIX)]
+                if key.endswith(_OBJECT_SUFFIX)
+                else key: key
+                for key in shapes
+            },
+            shapes={key: list(shape) for key, shape in shapes.items()},
+            dtypes=dict(dtypes),
+            num_shards=int(num_shards or 1),
+            mod=partition_strategy == "mod",
+        )
+
+    def rows(
+        self,
+        tensor_name: str,
+        table: str,
+        shape: list[int],
+        remap: tuple[list[Any], list[Any]] | None,
+    ) -> CheckpointRows:
+        """The tensor as rows of `table` (or its slot) of `shape`.
+
+        Raises:
+            ValueError: the shapes differ (any dimension; with a remap,
+                the dimension), the tensor holds no floats, or the remap's
+                old vocabulary has more tokens than the tensor has rows.
+        """
+        key = self.keys[tensor_name]
+        stored = self.shapes[key]
+        if stored[1:] != shape[1:] or (remap is None and stored != shape):
+            raise ValueError(
+                f"Tensor '{tensor_name}' of checkpoint {self.path} has shape "
+                f"{stored}, but table '{table}' has shape {shape}. Give the "
+                "columns the checkpoint's vocabulary and dimension, or pass "
+                "vocabularies= to remap rows."
+            )
+        dtype = tf.as_dtype(self.dtypes[key])
+        if not dtype.is_floating:
+            raise ValueError(
+                f"Tensor '{tensor_name}' of checkpoint {self.path} holds "
+                f"{dtype.name} values, not floats: it is not an embedding "
+                f"table. Pass variable_names={{'{table}': <the table's "
+                "tensor>}."
+            )
+        positions = None
+        if remap is not None:
+            old, new = remap
+            if len(old) > stored[0]:
+                raise ValueError(
+                    f"The old vocabulary of table '{table}' has {len(old)} "
+                    f"tokens, but tensor '{tensor_name}' of checkpoint "
+                    f"{self.path} has {stored[0]} rows: it is not the "
+                    "vocabulary this checkpoint was trained with. Give that "
+                    "vocabulary."
+                )
+            positions = vocabulary_positions(old, new, stored[0], shape[0])
+        return CheckpointRows(
+            self.prefix,
+            key,
+            (stored[0], stored[1]),
+            dtype,
+            rows=shape[0],
+            num_shards=self.num_shards,
+            mod=self.mod,
+            remap=positions,
+        )
+
+
+def _load(
+    source: _LegacyCheckpoint,
+    layer: TPUEmbeddingLayer,
+    table: str,
+    on_engine: bool,
+    tensor_name: str,
+    remap: tuple[list[Any], list[Any]] | None,
+    slot: str = "parameters",
+) -> _Load:
+    """A checked table or slot of `layer`, from `tensor_name`."""
+    shape = _table_shapes(layer, table, on_engine)[slot]
+    rows = source.rows(tensor_name, table, shape, remap)
+    name = table if slot == "parameters" else f"{table}/{slot}"
+    keeps_rows = remap is not None
+    if on_engine:
+        return _Load(name, table, slot, rows, keeps_rows, engine=layer.engine)
+    variable = (
+        layer.table_variable(table)
+        if slot == "parameters"
+        else layer.slot_variables(table)[slot]
+    )
+    return _Load(name, table, slot, rows, keeps_rows, variable=variable)
+
+
+def _table_shapes(
+    layer: TPUEmbeddingLayer, table: str, on_engine: bool
+) -> dict[str, list[int]]:
+    """`{"parameters": shape, <slot>: shape, ...}` of a table."""
+    if on_engine and layer.engine is not None:
+        return dict(layer.engine.table_slots(table))
+    return {
+        "parameters": list(layer.table_variable(table).shape),
+        **{
+            slot: list(variable.shape)
+            for slot, variable in layer.slot_variables(table).items()
+        },
+    }
 
 
 def warm_start(
@@ -280,8 +476,14 @@ def warm_start(
 ) -> WarmStartReport:
     """Loads a model's tables from a feature-column or TPUEstimator checkpoint.
 
-    Every table and slot is read and checked before any is assigned, so a
-    call that raises leaves the model unchanged.
+    Tables the layers hold and tables on the TPU embedding engine alike:
+    an engine table is written one host shard at a time on its host, and
+    loaded onto the chip once (before the engine's first step, TF creates
+    it from these values). Every table and slot is checked (names, shapes,
+    dtypes, vocabularies, from the checkpoint's index) before any is
+    written, so a call that raises for one of those leaves the model
+    unchanged. Each is then read one stored piece at a time and written
+    in blocks of rows (see `checkpoint_rows.py`).
 
     Args:
         model: A built model (or layer, or list) with embedding layers.
@@ -291,7 +493,9 @@ def warm_start(
         partition_strategy: `"div"` or `"mod"`: how the TPUEstimator run
             sharded its tables.
         num_shards: The TPUEstimator run's number of hosts (shards), a
-            positive integer; needed for `"mod"`.
+            positive integer: it saved each table in that many slices,
+            which are then read one at a time. Needed for `"mod"`; without
+            it (`"div"`) each tensor is read as one piece.
         vocabularies: Table name -> `(old, new)` vocabularies (token lists
             or text files): rows move by token. `old` is the checkpoint's
             vocabulary; `new` must be the table's column's own vocabulary
@@ -304,10 +508,13 @@ def warm_start(
 
     Raises:
         ValueError: the checkpoint cannot be read, a name matches several
-            tensors, a shape differs (both are named), `"mod"` comes
-            without a positive integer `num_shards`, a key of
-            `variable_names` or `vocabularies` is not a table of the model,
-            or a vocabulary pair cannot move rows (see `vocabularies`).
+            tensors, a shape differs (both are named), a tensor is not of
+            floats, `"mod"` comes without a positive integer `num_shards`,
+            a key of `variable_names` or `vocabularies` is not a table of
+            the model, or a vocabulary pair cannot move rows (see
+            `vocabularies`); the model is then unchanged. Also when a data
+            file of the checkpoint fails to read part way, naming the
+            tensor and the tables and slots already loaded.
         RuntimeError: a layer is not built yet.
     """
     if partition_strategy not in ("div", "mod"):
@@ -328,38 +535,20 @@ def warm_start(
     remaps = dict(vocabularies or {})
     _check_table_keys("variable_names", explicit, table_names)
     _check_table_keys("vocabularies", remaps, table_names)
-    try:
-        reader = tf.train.load_checkpoint(checkpoint)
-    except (ValueError, tf.errors.OpError) as error:
-        raise ValueError(
-            f"Cannot read the checkpoint {checkpoint}: {error}"
-        ) from error
-    keys = {
-        key[: -len(_OBJECT_SUFFIX)]
-        if key.endswith(_OBJECT_SUFFIX)
-        else key: key
-        for key in reader.get_variable_to_shape_map()
-    }
+    source = _LegacyCheckpoint.open(checkpoint, partition_strategy, num_shards)
     report = WarmStartReport()
-    # (variable, value) pairs, assigned only once every one is checked.
-    plan: list[tuple[Any, np.ndarray]] = []
+    # Checked before any is written.
+    plan: list[_Load] = []
     for layer in layers:
         local = {t.name for t in layer.local_table_specs}
         for table in layer.table_specs:
-            if table.name not in local:
-                # Never silently skipped: the engine owns these variables.
-                report.not_found[table.name] = [
-                    "(held by the TPU embedding engine: warm start the model "
-                    "built without TPUStrategy, then carry its tables over "
-                    "with kte.restore_tables)"
-                ]
-        for table in layer.local_table_specs:
+            on_engine = table.name not in local
             wanted = (
                 [explicit[table.name]]
                 if table.name in explicit
                 else _candidates(table)
             )
-            found = _match(list(keys), wanted)
+            found = _match(list(source.keys), wanted)
             if len(found) > 1:
                 raise ValueError(
                     f"Checkpoint {checkpoint} has several tensors for table "
@@ -375,66 +564,36 @@ def warm_start(
                 if table.name in remaps
                 else None
             )
-
-            def read(
-                tensor_name: str,
-                variable: Any,
-                table: TableSpec = table,
-                remap: tuple[list[Any], list[Any]] | None = remap,
-            ) -> np.ndarray:
-                value = reader.get_tensor(keys[tensor_name])
-                shape = list(variable.shape)
-                wrong = list(value.shape)[1:] != shape[1:] or (
-                    remap is None and list(value.shape) != shape
-                )
-                if wrong:
-                    raise ValueError(
-                        f"Tensor '{tensor_name}' of checkpoint {checkpoint} "
-                        f"has shape {list(value.shape)}, but table "
-                        f"'{table.name}' has shape {shape}. "
-                        "Give the columns the checkpoint's vocabulary and "
-                        "dimension, or pass vocabularies= to remap rows."
-                    )
-                if not np.issubdtype(value.dtype, np.floating):
-                    raise ValueError(
-                        f"Tensor '{tensor_name}' of checkpoint {checkpoint} "
-                        f"holds {value.dtype} values, not floats: it is not "
-                        f"an embedding table. Pass variable_names="
-                        f"{{'{table.name}': <the table's tensor>}}."
-                    )
-                if partition_strategy == "mod":
-                    value = unshard_mod(value, int(num_shards or 1))
-                if remap is not None:
-                    old, new = remap
-                    if len(old) > value.shape[0]:
-                        raise ValueError(
-                            f"The old vocabulary of table '{table.name}' has "
-                            f"{len(old)} tokens, but tensor '{tensor_name}' "
-                            f"of checkpoint {checkpoint} has {value.shape[0]} "
-                            "rows: it is not the vocabulary this checkpoint "
-                            "was trained with. Give that vocabulary."
-                        )
-                    value = remap_rows(value, old, new, variable.numpy())
-                dtype: Any = tf.as_dtype(variable.dtype).as_numpy_dtype
-                return np.asarray(value, dtype=dtype)
-
-            variable = layer.table_variable(table.name)
-            plan.append((variable, read(name, variable)))
+            shapes = _table_shapes(layer, table.name, on_engine)
+            plan.append(
+                _load(source, layer, table.name, on_engine, name, remap)
+            )
             report.loaded[table.name] = name
             if remap is not None:
                 report.remapped[table.name] = len(set(remap[0]) & set(remap[1]))
             if not slots:
                 continue
-            for slot, variable in layer.slot_variables(table.name).items():
+            for slot in shapes:
+                if slot == "parameters":
+                    continue
                 options = [f"{name}/{s}" for s in SLOT_SUFFIXES.get(slot, ())]
-                present = [o for o in options if o in keys]
+                present = [o for o in options if o in source.keys]
                 if not present:
                     report.not_found[f"{table.name}/{slot}"] = options
                     continue
-                plan.append((variable, read(present[0], variable)))
+                plan.append(
+                    _load(
+                        source,
+                        layer,
+                        table.name,
+                        on_engine,
+                        present[0],
+                        remap,
+                        slot,
+                    )
+                )
                 report.slots.setdefault(table.name, {})[slot] = present[0]
-    for variable, value in plan:
-        variable.assign(value)
+    _write(plan, checkpoint)
     if report.not_found:
         warnings.warn(
             f"warm_start: not found in {checkpoint}: "
@@ -447,3 +606,36 @@ def warm_start(
             stacklevel=2,
         )
     return report
+
+
+def _write(plan: list[_Load], checkpoint: str) -> None:
+    """Writes every checked table and slot: those the layers hold, then
+    each engine's.
+
+    Raises:
+        ValueError: a read failed part way (a damaged data file), naming
+            the tables and slots already loaded.
+    """
+    done: list[str] = []
+    engines: dict[int, tuple[SharedEngine, list[_Load]]] = {}
+    current = ""
+    try:
+        for load in plan:
+            if load.engine is not None:
+                engines.setdefault(id(load.engine), (load.engine, []))[
+                    1
+                ].append(load)
+                continue
+            current = load.name
+            _write_variable(load.variable, load.rows)
+            done.append(load.name)
+        for engine, loads in engines.values():
+            current = ", ".join(load.name for load in loads)
+            _write_engine(engine, loads, done)
+    except tf.errors.OpError as error:
+        raise ValueError(
+            f"warm_start could not read checkpoint {checkpoint} for "
+            f"{current}: {error}. Already loaded from it: {done or 'nothing'}; "
+            "the other tables and slots keep their values. Check the "
+            "checkpoint's data files."
+        ) from error

@@ -20,6 +20,7 @@ on the host is loaded onto the chip before anything reads the chip again.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any
 from typing import Mapping
 from typing import Sequence
@@ -28,8 +29,10 @@ import numpy as np
 
 from keras_tpu_embed._compat import TFSaveableObject
 from keras_tpu_embed._compat import TFSaveSpec
+from keras_tpu_embed._compat import TFShardInfo
 from keras_tpu_embed._compat import Trackable
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._tf_private import engine_optimizer_slot_initializers
 from keras_tpu_embed._tf_private import engine_optimizer_slot_names
 from keras_tpu_embed._tf_private import mid_level_built
 from keras_tpu_embed._tf_private import mid_level_hosts
@@ -251,6 +254,41 @@ class EngineVariables:
             values = self.read_shard(table, slot, shard)
         with tf.device(shard.host):
             return tf.gather(values, positions)
+
+    def current_shard(self, table: str, slot: str, shard: HostShard) -> Tensor:
+        """One shard as the engine holds it now, on its host, also before
+        TF creates the tables: as `read_shard` reads it, else (nothing
+        written for it yet) the values TF will create it with.
+
+        TF's sharded variable creator (`make_sharded_variable_creator` in
+        `tpu_embedding_v2.py`) gives an initializer that takes `shard_info`
+        the table's full shape and the shard's place, any other (the
+        optimizer's slot initializers) the shard's shape.
+        """
+        try:
+            return self.read_shard(table, slot, shard)
+        except RuntimeError:
+            pass  # Not created, and nothing was written to this shard.
+        config = next(
+            feature.table
+            for feature in self._feature_configs.values()
+            if feature.table.name == table
+        )
+        full = (config.vocabulary_size, config.dim)
+        initializer = (
+            config.initializer
+            if slot == "parameters"
+            else engine_optimizer_slot_initializers(
+                config.optimizer or self._optimizer
+            )[slot]
+        )
+        with tf.device(shard.host):
+            if "shard_info" in inspect.signature(initializer).parameters:
+                place = TFShardInfo((shard.rows, full[1]), (shard.start, 0))
+                value = initializer(full, dtype=tf.float32, shard_info=place)
+            else:
+                value = initializer((shard.rows, full[1]), dtype=tf.float32)
+            return tf.convert_to_tensor(value)
 
     def read_tables(self, tables: Sequence[str]) -> dict[TableSlot, Any]:
         """`{(table, slot): numpy array}`: whole tables, as on the TPU now.
