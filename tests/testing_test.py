@@ -33,6 +33,7 @@ CROSS_CUTTING = {
     "install",  # the install extras resolve (pip --dry-run)
     "legacy_reference",  # numerics against tf_keras DenseFeatures
     "notebooks",  # notebooks/ executed
+    "parameter_server",  # layers under ParameterServerStrategy, local tasks
     "project",  # README, CI, import errors
     "save_paths",  # every way users save a model
     "serving_devices",  # serving exports per lookup device

@@ -129,20 +129,20 @@ def callable_signature(value: Any) -> Any:
             return {"object": f"{type(value).__qualname__} at {id(value):#x}"}
 
 
-def _without_sharing_ids(config: Any) -> Any:
+def _without_sharing_ids(value: Any) -> Any:
     """A Keras config without its `shared_object_id`s: Keras numbers the
     objects it meets twice while it saves or loads (an initializer that
     shared columns hold, loaded from a `.keras` file under a strategy),
     which says nothing of what the object is."""
-    if isinstance(config, dict):
+    if isinstance(value, dict):
         return {
-            key: _without_sharing_ids(value)
-            for key, value in config.items()
+            key: _without_sharing_ids(item)
+            for key, item in value.items()
             if key != "shared_object_id"
         }
-    if isinstance(config, list):
-        return [_without_sharing_ids(value) for value in config]
-    return config
+    if isinstance(value, list):
+        return [_without_sharing_ids(item) for item in value]
+    return value
 
 
 def _array_value(value: Any) -> np.ndarray | None:

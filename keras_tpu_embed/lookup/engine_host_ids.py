@@ -34,6 +34,7 @@ from keras_tpu_embed.preprocessing.ids import identity_default
 from keras_tpu_embed.preprocessing.ids import prepare_for_lookup
 from keras_tpu_embed.preprocessing.ids import prunes_weights
 from keras_tpu_embed.preprocessing.ids import to_id_batch
+from keras_tpu_embed.types import MidLevelEmbedding
 from keras_tpu_embed.types import Tensor
 
 
@@ -102,7 +103,9 @@ def host_id_rules(
     return {column.name: HostIdRule.of(column) for column in columns}
 
 
-def apply_on_host(mid_level: Any, rules: dict[str, HostIdRule]) -> None:
+def apply_on_host(
+    mid_level: MidLevelEmbedding, rules: dict[str, HostIdRule]
+) -> None:
     """Makes the V1 mid-level object apply `rules` to each feature it
     enqueues (features without a rule, the user's own
     `feature_to_config_dict` entries, pass as they are)."""
