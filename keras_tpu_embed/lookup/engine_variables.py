@@ -330,12 +330,20 @@ class EngineVariables:
                     f"whose table '{table}' has "
                     f"{self.table_slots(table)} (slot: shape)."
                 )
-        created = self._tables_created()
-        if created:
+        # The chip loads a table with all its slots: the slots not written
+        # here must be current on the host first (no need when all are).
+        partial = any(
+            (table, slot) not in values
+            for table, _ in values
+            for slot in self.table_slots(table)
+        )
+        if self._tables_created() and partial:
             self.sync_host_copies()
         for (table, slot), value in values.items():
             for shard in self.shards_of(table):
-                rows = np.asarray(value[shard.start : shard.start + shard.rows])
+                rows = value[shard.start : shard.start + shard.rows]
+                if not tf.is_tensor(rows):
+                    rows = np.asarray(rows)
                 self._write_shard(table, slot, shard, rows)
         if load:
             self.load_tables(list(dict.fromkeys(table for table, _ in values)))
