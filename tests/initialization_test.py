@@ -325,20 +325,6 @@ def test_rows_are_the_one_device_tables_rows_eagerly_and_traced(
             np.testing.assert_array_equal(_bits(values), want)
 
 
-def _recording_calls(monkeypatch, initializer):
-    """The shapes `initializer`'s class is called with from now on."""
-    owner = next(c for c in type(initializer).__mro__ if "__call__" in vars(c))
-    original = owner.__call__
-    shapes = []
-
-    def spy(self, shape, dtype=None, **kwargs):
-        shapes.append(tuple(int(d) for d in shape))
-        return original(self, shape, dtype=dtype, **kwargs)
-
-    monkeypatch.setattr(owner, "__call__", spy)
-    return shapes
-
-
 @pytest.mark.parametrize(
     "name", sorted(n for n in cases.DETERMINISTIC if cases.makes_rows_alone(n))
 )
@@ -349,7 +335,7 @@ def test_rows_made_alone_never_ask_for_the_whole_table(
     whole table on every pod host, which then kept its slice of it."""
     initializer = cases.DETERMINISTIC[name](SHAPE)
     whole = _bits(_whole(initializer, SHAPE))
-    shapes = _recording_calls(monkeypatch, initializer)
+    shapes = cases.recording_calls(monkeypatch, initializer)
     engine = initialization.EngineInitializer(initializer)
     shards = _shards(engine, SHAPE, 2)
     np.testing.assert_array_equal(_bits(np.concatenate(shards)), whole)
@@ -365,7 +351,7 @@ def test_tables_held_on_cpu_fill_by_blocks_bit_for_bit(
     # A table of zeros is created with zeros: nothing to fill.
     by_blocks = cases.makes_rows_alone(name) and whole.any()
     if by_blocks:
-        shapes = _recording_calls(monkeypatch, initializer)
+        shapes = cases.recording_calls(monkeypatch, initializer)
     table = initialization.create_table(_Holder(), "t", SHAPE, initializer)
     np.testing.assert_array_equal(_bits(table.numpy()), whole)
     if by_blocks:

@@ -213,3 +213,17 @@ def stateless_twin(name, shape):
         return TF_RANDOM["tf_random_uniform_initializer"](shape)
     cls = getattr(keras.initializers, name.removesuffix("_seed_generator"))
     return cls(seed=SEED)
+
+
+def recording_calls(monkeypatch, initializer):
+    """The shapes `initializer`'s class is called with from now on."""
+    owner = next(c for c in type(initializer).__mro__ if "__call__" in vars(c))
+    original = owner.__call__
+    shapes = []
+
+    def spy(self, shape, dtype=None, **kwargs):
+        shapes.append(tuple(int(d) for d in shape))
+        return original(self, shape, dtype=dtype, **kwargs)
+
+    monkeypatch.setattr(owner, "__call__", spy)
+    return shapes

@@ -321,15 +321,7 @@ class EngineVariables:
         loaded onto the chip once, after all of its values are written
         (with `load=False`, by a later `load_tables`).
         """
-        for (table, slot), value in values.items():
-            expected = self.table_slots(table).get(slot)
-            if expected is None or list(value.shape) != expected:
-                raise ValueError(
-                    f"Cannot load '{table}' slot '{slot}' of shape "
-                    f"{list(value.shape)} into the TPU embedding engine, "
-                    f"whose table '{table}' has "
-                    f"{self.table_slots(table)} (slot: shape)."
-                )
+        self.check_values(values)
         # The chip loads a table with all its slots: the slots not written
         # here must be current on the host first (no need when all are).
         partial = any(
@@ -347,6 +339,22 @@ class EngineVariables:
                 self._write_shard(table, slot, shard, rows)
         if load:
             self.load_tables(list(dict.fromkeys(table for table, _ in values)))
+
+    def check_values(self, values: Mapping[TableSlot, Any]) -> None:
+        """Raises unless each value has its table's or slot's shape.
+
+        Raises:
+            ValueError: naming the table, the slot and both shapes.
+        """
+        for (table, slot), value in values.items():
+            expected = self.table_slots(table).get(slot)
+            if expected is None or list(value.shape) != expected:
+                raise ValueError(
+                    f"Cannot load '{table}' slot '{slot}' of shape "
+                    f"{list(value.shape)} into the TPU embedding engine, "
+                    f"whose table '{table}' has "
+                    f"{self.table_slots(table)} (slot: shape)."
+                )
 
     def load_tables(self, tables: Sequence[str]) -> None:
         """Sends the tables' host copies to the chip (once TF created them;

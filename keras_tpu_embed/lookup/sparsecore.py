@@ -502,15 +502,7 @@ class SparseCoreEngine(SharedEngine):
         return self._read_created(keys)
 
     def write_tables(self, values: Any, load: bool = True) -> None:
-        for (table, slot), value in values.items():
-            expected = self.table_slots(table).get(slot)
-            if expected is None or list(value.shape) != expected:
-                raise ValueError(
-                    f"Cannot load '{table}' slot '{slot}' of shape "
-                    f"{list(value.shape)} into the TPU embedding engine, "
-                    f"whose table '{table}' has "
-                    f"{self.table_slots(table)} (slot: shape)."
-                )
+        self.check_values(values)
         self._pending.update(values)
         if load:
             self.load_tables([])

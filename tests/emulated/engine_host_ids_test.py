@@ -60,17 +60,6 @@ def _sequences():
     return tf.data.Dataset.from_tensor_slices(({"hist": ids}, labels))
 
 
-def _engine_tables(model):
-    """Every engine table and slot, V1 or V2, as `<table>[/<slot>]`."""
-    engine = model.get_layer("embed").engine
-    return {
-        table if slot == "parameters" else f"{table}/{slot}": value
-        for (table, slot), value in engine.read_tables(
-            engine.table_names
-        ).items()
-    }
-
-
 def _fit(strategy, build, dataset, epochs=3):
     keras.utils.set_random_seed(models.SEED)
     with strategy.scope():
@@ -94,7 +83,7 @@ def test_ids_past_the_sequence_length_leave_their_rows_alone(
     expected = _fit(tf.distribute.get_strategy(), build, _sequences())
     with emulated_tpu(2, embedding_feature=feature) as strategy:
         model = _fit(strategy, build, _sequences())
-        actual = _engine_tables(model)
+        actual = models.engine_tables(model)
     wanted = models.local_values(expected)
     # Ids 8-11 sit only past the length: no path may move their rows.
     keras.utils.set_random_seed(models.SEED)

@@ -132,6 +132,35 @@ def engine_values(model):
     return values
 
 
+def item_engine_values(strategy, column):
+    """The engine tables of a one-column model ("item") after TF built
+    them at a first step (a `predict`, which changes none)."""
+    with strategy.scope():
+        inputs = {"item": keras.Input((1,), dtype="int64", name="item")}
+        layer = kte.TPUEmbeddingLayer([column], name="embed")
+        model = keras.Model(inputs, layer(inputs)["item_embedding"])
+        model.compile(loss="mse")
+    assert layer.engine is not None
+    items = tf.data.Dataset.from_tensor_slices(
+        ({"item": np.zeros((8, 1), np.int64)}, np.zeros((8, 1), np.float32))
+    )
+    model.predict(kte.distribute_dataset(strategy, items, 8), verbose=0)
+    return model, engine_values(model)
+
+
+def engine_tables(model):
+    """Every engine table and slot, V1 or V2 (SparseCore, unstacked from
+    its chip layout), as `<table>` and `<table>/<slot>`, read through the
+    engine as a save reads them."""
+    engine = model.get_layer("embed").engine
+    return {
+        table if slot == "parameters" else f"{table}/{slot}": value
+        for (table, slot), value in engine.read_tables(
+            engine.table_names
+        ).items()
+    }
+
+
 def table_values(model):
     """The tables and slots wherever they are: the engine or the layer."""
     if model.get_layer("embed").engine is not None:

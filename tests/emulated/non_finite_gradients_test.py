@@ -16,17 +16,6 @@ from keras_tpu_embed.testing import emulated_tpu
 from tests.emulated import models
 
 
-def _tables(model):
-    """Every engine table and slot, V1 or V2, as the engine reads them."""
-    engine = model.get_layer("embed").engine
-    return {
-        f"{table}/{slot}": value
-        for (table, slot), value in engine.read_tables(
-            engine.table_names
-        ).items()
-    }
-
-
 def _nan_labels():
     features, labels = next(iter(models.dataset().batch(models.ROWS)))
     labels = np.array(labels)
@@ -39,7 +28,7 @@ def test_a_nan_gradient_fails_the_step_and_leaves_the_tables(feature):
     with emulated_tpu(2, embedding_feature=feature) as strategy:
         model = models.build_emulated(strategy, "adagrad")
         model.fit(models.batches(strategy), steps_per_epoch=1, verbose=0)
-        before = _tables(model)
+        before = models.engine_tables(model)
         batches = kte.distribute_dataset(
             strategy, _nan_labels(), models.GLOBAL_BATCH
         )
@@ -50,5 +39,5 @@ def test_a_nan_gradient_fails_the_step_and_leaves_the_tables(feature):
             r"or inf gradient at embedding step\] \[1\]",
         ):
             model.fit(batches, verbose=0)
-        assert kte.validate_tables(model) == {}
-        models.assert_values_equal(_tables(model), before, atol=0)
+        assert kte.validatemodels.engine_tables(model) == {}
+        models.assert_values_equal(models.engine_tables(model), before, atol=0)

@@ -45,33 +45,11 @@ def _one_device(column):
 
 def _engine_table(strategy, column):
     """The engine's table after TF built it (at the first step)."""
-    with strategy.scope():
-        inputs = {"item": keras.Input((1,), dtype="int64", name="item")}
-        layer = kte.TPUEmbeddingLayer([column], name="embed")
-        model = keras.Model(inputs, layer(inputs)["item_embedding"])
-        model.compile(loss="mse")
-    assert layer.engine is not None
-    items = tf.data.Dataset.from_tensor_slices(
-        ({"item": np.zeros((8, 1), np.int64)}, np.zeros((8, 1), np.float32))
-    )
-    model.predict(kte.distribute_dataset(strategy, items, 8), verbose=0)
+    model, values = models.item_engine_values(strategy, column)
+    layer = model.get_layer("embed")
     shards = layer.engine.mid_level._variables["item"]["parameters"].variables
     assert len(shards) == HOSTS
-    return models.engine_values(model)["item"]
-
-
-def _recording_calls(monkeypatch, initializer):
-    """The shapes `initializer`'s class is called with from now on."""
-    owner = next(c for c in type(initializer).__mro__ if "__call__" in vars(c))
-    original = owner.__call__
-    shapes = []
-
-    def spy(self, shape, dtype=None, **kwargs):
-        shapes.append(tuple(int(d) for d in shape))
-        return original(self, shape, dtype=dtype, **kwargs)
-
-    monkeypatch.setattr(owner, "__call__", spy)
-    return shapes
+    return values["item"]
 
 
 def test_a_glorot_table_is_made_per_shard_on_two_hosts(monkeypatch):
@@ -79,7 +57,7 @@ def test_a_glorot_table_is_made_per_shard_on_two_hosts(monkeypatch):
     pinned the whole draw)."""
     column = _column(keras.initializers.GlorotUniform(seed=3), SHAPE)
     one_device = _one_device(column)
-    shapes = _recording_calls(monkeypatch, column.initializer)
+    shapes = cases.recording_calls(monkeypatch, column.initializer)
     with emulated_tpu(REPLICAS, num_hosts=HOSTS) as strategy:
         table = _engine_table(strategy, column)
     assert SHAPE not in shapes, shapes
@@ -121,7 +99,7 @@ def test_every_kind_makes_the_one_device_rows_on_each_host(
     one_device = _one_device(column)
     engine = kte.to_tpu_feature_configs([column])[column.name].table
     if cases.makes_rows_alone(name):
-        shapes = _recording_calls(monkeypatch, column.initializer)
+        shapes = cases.recording_calls(monkeypatch, column.initializer)
     shards = _shards_on_the_pod(pod, engine.initializer, SHAPE)
     assert [len(shard) for shard in shards] == [502, 501]
     np.testing.assert_array_equal(np.concatenate(shards), one_device)

@@ -8,6 +8,7 @@ order with its multi-host reordering (`_tpu_multi_host_concat`). Training
 then equals one device on the same global batches.
 """
 
+import contextlib
 import json
 import warnings
 
@@ -128,17 +129,7 @@ def test_fit_on_two_hosts_equals_one_device(optimizer, feature):
 
 
 def _engine_table(strategy, column):
-    with strategy.scope():
-        inputs = {"item": keras.Input((1,), dtype="int64", name="item")}
-        layer = kte.TPUEmbeddingLayer([column], name="embed")
-        model = keras.Model(inputs, layer(inputs)["item_embedding"])
-        model.compile(loss="mse")
-    assert layer.engine is not None
-    items = tf.data.Dataset.from_tensor_slices(
-        ({"item": np.zeros((8, 1), np.int64)}, np.zeros((8, 1), np.float32))
-    )
-    model.predict(kte.distribute_dataset(strategy, items, 8), verbose=0)
-    return models.engine_values(model)
+    return models.item_engine_values(strategy, column)[1]
 
 
 def test_tables_start_from_the_checkpoint_on_two_hosts(tmp_path):
@@ -186,11 +177,15 @@ def test_one_process_emulates_one_pod_shape():
             pass
 
 
-def test_preprocessor_runs_on_each_host(tmp_path):
+@pytest.mark.parametrize("made_in_scope", [False, True])
+def test_preprocessor_runs_on_each_host(tmp_path, made_in_scope):
     """The preprocessor's lookup tables reach the hosts with the pipeline.
 
     They were anonymous tables of the client: a host's pipeline failed
-    with "Container Anonymous does not exist".
+    with "Container Anonymous does not exist". Made inside
+    `strategy.scope()`, they were placed on a host, and the pipeline the
+    client sends to each host could not be serialized ("Trying to access
+    resource ... located in device /job:worker/...").
     """
     vocabulary = tmp_path / "countries.txt"
     vocabulary.write_text("fr\nde\nit\n")
@@ -206,8 +201,11 @@ def test_preprocessor_runs_on_each_host(tmp_path):
         ({"tag": tags, "country": countries}, np.zeros((8, 1), "float32"))
     )
     with emulated_tpu(REPLICAS, num_hosts=HOSTS) as strategy:
+        scope = strategy.scope() if made_in_scope else contextlib.nullcontext()
+        with scope:
+            preprocessor = kte.FeaturePreprocessor(columns)
         batches = kte.distribute_dataset(
-            strategy, examples, 8, preprocessor=kte.FeaturePreprocessor(columns)
+            strategy, examples, 8, preprocessor=preprocessor
         )
         features, _ = next(iter(batches))
         got = {
