@@ -171,7 +171,26 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         key = (id(_graph()), name)
         if key in self._steps:
             raise RuntimeError(f"stand-in: second enqueue named {name!r}")
+        # TF's enqueue hands the flat inputs to `_generate_enqueue_op` after
+        # its checks (tpu_embedding_v2.py); what that op enqueues is what the
+        # chip looks up, so the stand-in looks up what it returns.
+        flat_features = nest.flatten_with_joined_string_paths(
+            self._feature_config
+        )
+        flat_weights = (
+            [None] * len(flat_features)
+            if weights is None
+            else nest.flatten(weights)
+        )
+        step_inputs = features
+        flat_inputs, flat_weights = self._generate_enqueue_op(
+            nest.flatten(features), flat_weights, flat_features
+        )
+        features = nest.pack_sequence_as(self._feature_config, flat_inputs)
+        if weights is not None:
+            weights = nest.pack_sequence_as(self._feature_config, flat_weights)
         self._steps[key] = {
+            "inputs": step_inputs,
             "features": features,
             "weights": weights,
             "training": training,
@@ -179,6 +198,17 @@ class RecordingTPUEmbedding(tf.__internal__.tracking.AutoTrackable):
         }
         self.events.append(("enqueue", name, tuple(sorted(features))))
         self._count("enqueue")
+
+    def _generate_enqueue_op(
+        self,
+        flat_inputs: list[Any],
+        flat_weights: list[Any],
+        flat_features: list[Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> tuple[list[Any], list[Any]]:
+        """TF's enqueue op, here the inputs it would enqueue."""
+        return list(flat_inputs), list(flat_weights)
 
     def _tensorflow_output_shapes(self, features: Any) -> list[Any]:
         """TF's per-replica output shapes for `features`, TF's errors too.

@@ -64,12 +64,14 @@ def test_smoke_stages_pass_under_the_stand_in(monkeypatch, tmp_path, capsys):
     ]
     assert all(change > 0 for change in restore.values())
     [engine] = tpu.built_objects
-    # The item ids reach the engine dense [batch, 1]; the rest sparse.
+    # The item ids reach the engine's enqueue dense [batch, 1]; the rest
+    # sparse (the host's id rules then enqueue every feature sparse).
+    step = engine._steps[next(iter(engine._steps))]
     kinds = {
-        name: type(value).__name__
-        for name, value in engine._steps[next(iter(engine._steps))][
-            "features"
-        ].items()
+        name: type(value).__name__ for name, value in step["inputs"].items()
+    }
+    assert {type(value).__name__ for value in step["features"].values()} == {
+        "SparseTensor"
     }
     assert kinds["item_id_shared_embedding"] == "SymbolicTensor"
     assert kinds["history_shared_embedding"] == "SparseTensor"

@@ -220,9 +220,10 @@ def test_cpu_models_read_sparse_core_tables_by_name(tmp_path, how):
     if how == "restore_tables":
         kte.restore_tables(layer, path)
     else:
-        tf.train.Checkpoint(embedding=kte.engine_checkpoint(layer)).read(
-            path
-        ).assert_existing_objects_matched()
+        # A checkpoint of the mid-level object holds no embedding steps.
+        tf.train.Checkpoint(
+            embedding=kte.engine_checkpoint(layer, steps=False)
+        ).read(path).assert_existing_objects_matched()
     _assert_bit_equal(_cpu_values(layer), values)
 
 

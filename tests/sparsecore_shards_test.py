@@ -240,8 +240,10 @@ def test_initializer_rows_are_the_rows_of_the_one_device_table(monkeypatch):
         np.testing.assert_array_equal(rows.strided(3, 4, 4), whole[3:16:4])
         np.testing.assert_array_equal(rows.strided(0, 1, 20), whole)
     assert sparsecore_shards.makes_rows_alone(seeded)
+    # A pretrained matrix is sliced by rows; an orthogonal draw is not.
+    assert sparsecore_shards.makes_rows_alone(tf.constant_initializer(matrix))
     assert not sparsecore_shards.makes_rows_alone(
-        tf.constant_initializer(matrix)
+        keras.initializers.Orthogonal(seed=1)
     )
 
 

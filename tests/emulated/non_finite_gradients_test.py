@@ -39,5 +39,5 @@ def test_a_nan_gradient_fails_the_step_and_leaves_the_tables(feature):
             r"or inf gradient at embedding step\] \[1\]",
         ):
             model.fit(batches, verbose=0)
-        assert kte.validatemodels.engine_tables(model) == {}
+        assert kte.validate_tables(model) == {}
         models.assert_values_equal(models.engine_tables(model), before, atol=0)
