@@ -374,7 +374,11 @@ class EngineVariables:
         pending = self._pending.setdefault((table, slot), {})
         if tf.executing_eagerly() or isinstance(rows, np.ndarray):
             with tf.init_scope(), tf.device(shard.host):
-                pending[shard.start] = tf.identity(rows)
+                # A copy: a tensor read from a variable can share its buffer,
+                # which a later write to the variable may change in place.
+                pending[shard.start] = tf.raw_ops.DeepCopy(
+                    x=tf.convert_to_tensor(rows, tf.float32)
+                )
             return None
         # A traced restore: the value exists only when the trace runs, so
         # it is held in a variable of the shard's host.
