@@ -155,6 +155,41 @@ def test_the_checks_are_one_assertion_not_a_branch(tmp_path):
         serve(**bad)
 
 
+@pytest.mark.parametrize("lookup_device", ["cpu", "tpu_tensor_core"])
+def test_inputs_of_other_batch_sizes_are_refused_naming_each(
+    tmp_path, lookup_device
+):
+    # XLA failed to compile the model for them, naming no input (the whole
+    # model as one program, "cpu"), or the layers after the lookups failed
+    # on them (the lookups apart, "tpu_tensor_core").
+    model = _dlrm_like()
+    kte.export_saved_model(
+        model,
+        tmp_path,
+        inputs="ids",
+        lookup_device=lookup_device,
+        verbose=False,
+        jit_compile=True,
+    )
+    serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
+    for sizes, shown in (((2, 3, 2), "2 3 2"), ((1, 1, 4), "1 1 4")):
+        features = {
+            key: _features(size)[key] for key, size in zip("abx", sizes)
+        }
+        with pytest.raises(
+            tf.errors.InvalidArgumentError,
+            match=r"Features .{1,2}a.{1,2}, .{1,2}b.{1,2}, .{1,2}x.{1,2} must "
+            rf"each hold one row per example(.|\n)*order:\] \[{shown}\]",
+        ):
+            serve(**features)
+    good = _features(4)
+    np.testing.assert_allclose(
+        serve(**good)["score"].numpy(),
+        model(good, training=False).numpy(),
+        atol=1e-5,
+    )
+
+
 class Subclassed(keras.Model):
     def __init__(self):
         super().__init__()

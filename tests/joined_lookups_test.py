@@ -213,23 +213,71 @@ def test_a_model_of_lookups_alone_is_one_program(tmp_path):
         )
 
 
-def test_inputs_of_other_batch_sizes_each_keep_their_rows(tmp_path):
-    # Served in one call, each output has its own feature's rows, as each
-    # layer alone gives them (the joined program's cut takes one size).
-    model, bag_only, sequences = _lookups_alone()
-    serve = _export(model, tmp_path)
+@pytest.mark.parametrize(
+    "pad_batches", [False, True], ids=["as_sent", "padded"]
+)
+def test_inputs_of_other_batch_sizes_are_refused_naming_each(
+    tmp_path, pad_batches
+):
+    # Served as they came, each output had its own feature's rows; padded,
+    # the call was refused naming `pad_batches` and a count, not the
+    # inputs. A model whose outputs mix them broadcasts or fails.
+    model, _, _ = _lookups_alone()
+    serve = _export(model, tmp_path, pad_batches=pad_batches)
     features = {"bag": _features(3)["bag"], "seq": _features(5)["seq"]}
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Features .{1,2}bag.{1,2}, .{1,2}seq.{1,2} must each hold one "
+        r"row per example(.|\n)*in that order:\] \[3 5\]",
+    ):
+        serve(**features)
+    # One assertion for every check, the batch sizes' first.
+    assert "Assert" in testing.host_op_types(serve)
+    features = {k: _features(5)[k] for k in ("bag", "seq")}
     got = serve(**features)
-    np.testing.assert_allclose(
-        got["bag"].numpy(),
-        bag_only({"bag": features["bag"]}, training=False)["bag_embedding"],
-        atol=1e-6,
-    )
-    np.testing.assert_allclose(
-        got["seq"].numpy(),
-        sequences({"seq": features["seq"]}, training=False)["seq_embedding"],
-        atol=1e-6,
-    )
+    want = model(features, training=False)
+    for key in ("bag", "seq"):
+        np.testing.assert_allclose(
+            got[key].numpy(), want[key].numpy(), atol=1e-6
+        )
+
+
+def test_a_numeric_input_of_another_batch_size_is_refused(tmp_path):
+    # Read by the layers after the lookups only, it reached a Concatenate
+    # that failed naming no input; those layers now wait for the check.
+    serve = _export(_model(), tmp_path)
+    features = dict(_features(3), x=_features(2)["x"])
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r", .{1,2}x.{1,2} must each hold one row per example(.|\n)*"
+        r"in that order:\] \[3 3 3 3 2\]",
+    ):
+        serve(**features)
+
+
+def test_a_weight_feature_of_another_batch_size_is_refused(tmp_path):
+    # Its ids and weights met in the program, which XLA failed to compile
+    # naming no input.
+    serve = _export(_model(), tmp_path)
+    features = dict(_features(3), tags_weight=_features(4)["tags_weight"])
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"tags_weight(.|\n)*in that order:\] \[3 3 3 4 3\]",
+    ):
+        serve(**features)
+
+
+def test_pad_batches_names_an_input_of_another_rank(tmp_path):
+    # It failed in the padding, naming no input: "The first dimension of
+    # paddings must be the rank of inputs[2,2] [5,4,1]".
+    serve = _export(_model(), tmp_path, pad_batches=True)
+    features = dict(_features(5), bag=_features(5)["bag"][:, :, tf.newaxis])
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Shape of tensor bag \[5,4,1\] is not compatible with "
+        r"expected shape \[\?,4\]",
+    ):
+        serve(**features)
 
 
 def test_pad_batches_pads_to_powers_of_two_with_the_same_answer(tmp_path):
@@ -240,18 +288,6 @@ def test_pad_batches_pads_to_powers_of_two_with_the_same_answer(tmp_path):
     bad = dict(_features(3), tags=tf.constant([[1, 30]] * 3, tf.int64))
     with pytest.raises(tf.errors.InvalidArgumentError, match="Largest id"):
         serve(**bad)
-
-
-def test_pad_batches_refuses_inputs_of_other_batch_sizes(tmp_path):
-    # Padded alike and cut to one size, they would answer from padding.
-    model, _, _ = _lookups_alone()
-    serve = _export(model, tmp_path, pad_batches=True)
-    features = {"bag": _features(3)["bag"], "seq": _features(5)["seq"]}
-    with pytest.raises(
-        tf.errors.InvalidArgumentError,
-        match=r"pad_batches=True\) serves inputs of one batch size",
-    ):
-        serve(**features)
 
 
 def test_pad_batches_with_jit_compile_is_refused(tmp_path):

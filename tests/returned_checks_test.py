@@ -86,6 +86,57 @@ def test_the_assertion_names_the_first_failed_check_and_its_value(traced):
     assert "third" not in str(raised.value)
 
 
+def _batch_sizes(sizes):
+    """One check that shows several values: `sizes`, all equal."""
+    stacked = tf.constant(sizes, tf.int64)
+    same = tf.reduce_all(tf.equal(stacked, stacked[0]))
+    return Checks(
+        worst=tf.cast(tf.logical_not(same), tf.int64) - 1,
+        details=lambda: (
+            tf.reshape(same, [1]),
+            tf.reshape(stacked, [1, len(sizes)]),
+        ),
+        messages=("batch sizes:",),
+        shows=len(sizes),
+    )
+
+
+@pytest.mark.parametrize("where", ["eager", "function", "xla"], ids=lambda w: w)
+def test_a_check_shows_its_own_values_beside_checks_of_one(where):
+    def program(sizes, passed):
+        checks = [_batch_sizes(sizes), _three_checks(passed)]
+        folded = returned_checks.verdict(checks)
+        return folded, returned_checks.messages_of(checks)
+
+    def check(sizes, passed):
+        if where == "xla":
+            messages = returned_checks.messages_of(
+                [_batch_sizes(sizes), _three_checks(passed)]
+            )
+            compiled = tf.function(
+                lambda: tuple(vars(program(sizes, passed)[0]).values()),
+                jit_compile=True,
+            )
+            folded = returned_checks.Verdict(*compiled())
+        else:
+            folded, messages = program(sizes, passed)
+        returned_checks.assert_clear(folded, messages)
+        return folded.clear
+
+    run = tf.function(check) if where == "function" else check
+    assert bool(run([2, 2, 2], [True] * 3))
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"\[batch sizes:\] \[2 5 2\]"
+    ):
+        run([2, 5, 2], [True, False, True])
+    # The other checks still show one value each, not the widest's count.
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"\[second in range:\] \[7\](\s|$)",
+    ):
+        run([2, 2, 2], [True, False, True])
+
+
 def test_checks_of_several_lookups_are_counted_in_order():
     both = [_three_checks([True] * 3), _three_checks([True, True, False])]
     assert len(returned_checks.messages_of(both)) == 6

@@ -196,3 +196,37 @@ def test_ids_export_of_a_subclassed_model_is_refused_naming_it(tmp_path):
     model({"item": tf.constant([[1]], tf.int64)})
     with pytest.raises(ValueError, match="ByKey 'by_key' is subclassed"):
         kte.export_saved_model(model, tmp_path, inputs="ids", verbose=False)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "function"])
+def test_one_batch_on_the_host_names_every_feature_and_its_size(traced):
+    check = serving_inputs.ensure_one_batch
+    if traced:
+        check = tf.function(check)
+    same = {"a": tf.zeros([3, 2]), "b": tf.zeros([3], tf.int64)}
+    checked = check(same)
+    assert sorted(checked) == ["a", "b"] and checked["b"].shape == [3]
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"Features .{1,2}a.{1,2}, .{1,2}b.{1,2}, .{1,2}c.{1,2} must "
+        r"each hold one row per example(.|\n)*order:\] \[3 3 1\]",
+    ):
+        check(dict(same, c=tf.zeros([1, 1])))
+    # A single feature has nothing to agree with.
+    assert check({"a": tf.zeros([2])})["a"].shape == [2]
+
+
+def test_rows_conformed_in_a_program_compile_for_any_batch_sizes():
+    # Ids and weights of other batch sizes failed XLA's compile, naming
+    # nothing, before the checks computed in the program could name them.
+    @tf.function(jit_compile=True)
+    def program(ids, weights):
+        ids, weights = serving_inputs.conform_rows([ids, weights])
+        return tf.cast(ids, tf.float32) * weights
+
+    ids = tf.constant([[1, 2], [3, 4]], tf.int64)
+    np.testing.assert_array_equal(
+        program(ids, tf.ones([2, 2])), [[1, 2], [3, 4]]
+    )
+    assert program(ids, tf.ones([5, 2])).shape == [2, 2]
+    assert program(ids, tf.ones([1, 2])).shape == [2, 2]

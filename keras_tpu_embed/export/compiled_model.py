@@ -12,8 +12,11 @@ the lookups' id and weight checks cannot simply be compiled in. Two ways:
   inside the program the lookups hand their checks over as data
   (`lookup/returned_checks.py`), folded into one verdict; outside it, one
   `Assert` raises naming the feature and the bad value when a check
-  failed. A W4 call is then one program, one assertion and one shape
-  check per input.
+  failed. The inputs' batch sizes are one more check there, named by
+  every input and its size; the inputs are conformed to the first one's
+  batch inside the program, so that a call that mixes them compiles to
+  reach the check (cutting or padding nothing when they agree). A W4
+  call is then one program, one assertion and one shape check per input.
 - **Otherwise the model cut at its embedding layers' outputs** (a
   functional model, each embedding layer called once by the model
   itself): the lookups, and any layers before them, run as without
@@ -36,7 +39,11 @@ import numpy as np
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.export.serving_inputs import conform_rows
+from keras_tpu_embed.export.serving_inputs import ensure_one_batch
 from keras_tpu_embed.export.serving_inputs import ensure_shapes
+from keras_tpu_embed.export.serving_inputs import input_keys
+from keras_tpu_embed.export.serving_inputs import one_batch_in_program
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.lookup.returned_checks import Verdict
@@ -58,8 +65,11 @@ def compiled_call(
     Call it inside the export's serving mode (`serving.serving_lookups`),
     with what the model takes, while tracing the serving function. With
     `check_shapes` (a signature's inputs), each input's declared shape is
-    checked, inside the program when the whole model is one
-    (`serving_inputs.ensure_shapes`).
+    checked, and that the inputs share one batch size: inside the program
+    when the whole model is one (`serving_inputs.ensure_shapes`,
+    `one_batch_in_program`, the inputs conformed to one batch so that the
+    program compiles to say so), else on the host before the model
+    (`ensure_one_batch`).
 
     Raises:
         ValueError: (only where the whole model cannot be one program) a
@@ -69,13 +79,22 @@ def compiled_call(
             without `jit_compile`.
     """
 
-    def checked(features: Any, in_program: bool) -> Any:
+    def checked_in_program(features: Any) -> Any:
         if not check_shapes:
             return features
-        return ensure_shapes(features, in_program)
+        features = ensure_shapes(features, in_program=True)
+        flat = keras.tree.flatten(features)
+        sizes = [tf.shape(value)[0] for value in flat]
+        one_batch_in_program(sizes, input_keys(features))
+        return keras.tree.pack_sequence_as(features, conform_rows(flat))
+
+    def on_host(features: Any) -> Any:
+        if not check_shapes:
+            return features
+        return ensure_one_batch(ensure_shapes(features))
 
     whole = CheckedProgram(
-        lambda features: model(checked(features, True), training=False)
+        lambda features: model(checked_in_program(features), training=False)
     )
     # Built once for every signature that needs it (`serving_default` and
     # `serve_examples` trace `call` each): one cut model, one program.
@@ -87,7 +106,7 @@ def compiled_call(
         except NotWhole:
             if not split:
                 split.append(_split_call(model))
-            return split[0](checked(features, False))
+            return split[0](on_host(features))
 
     return call
 
@@ -124,7 +143,10 @@ class CheckedProgram:
             return outputs, ()
         self.messages = messages_of(checks.handed)
         folded = verdict(checks.handed)
-        return outputs, (folded.clear, folded.first, folded.evidence)
+        returned = (folded.clear, folded.first, folded.evidence)
+        if folded.shown is not None:
+            return outputs, returned + (folded.shown,)
+        return outputs, returned
 
     def __call__(self, features: Any) -> tuple[Any, Verdict | None]:
         """The program's outputs and its checks' verdict (None when it
@@ -135,10 +157,16 @@ class CheckedProgram:
     def asserted(self, features: Any) -> Any:
         """The program's outputs, its verdict asserted outside it: the
         call raises naming the first failed check's feature and value."""
-        outputs, folded = self(features)
-        if folded is not None:
-            assert_clear(folded, self.messages)
+        outputs, _ = self.checked(features)
         return outputs
+
+    def checked(self, features: Any) -> tuple[Any, Any]:
+        """`asserted`'s outputs and its assertion (None when there is
+        none, or eagerly), for ops that must run only after it."""
+        outputs, folded = self(features)
+        if folded is None:
+            return outputs, None
+        return outputs, assert_clear(folded, self.messages)
 
 
 def _split_call(model: keras.Model) -> Callable[[Any], Any]:

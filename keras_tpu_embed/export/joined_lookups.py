@@ -14,19 +14,25 @@ the export:
 
 - runs every layer's lookups as one XLA program on the inputs as they
   come, which returns their activations and the verdict of their checks
-  (every id in range, every weight finite: `lookup/returned_checks.py`;
-  XLA drops assertions); XLA compiles it once per batch size served, as
-  Keras' `jit_compile` does;
-- outside it, one `Assert` raises naming the feature and the bad value
-  when a check failed: no branch, no padding, no cut on a served call;
+  (every input of the call of one batch size, every id in range, every
+  weight finite: `lookup/returned_checks.py`; XLA drops assertions); XLA
+  compiles it once per batch size served, as Keras' `jit_compile` does,
+  and knows the inputs' batch sizes then, so comparing them costs a call
+  nothing;
+- outside it, one `Assert` raises naming the inputs and their batch sizes,
+  or the feature and the bad value, when a check failed: no branch, no
+  padding, no cut on a served call;
 - runs the layers after the lookups as the model does, op by op
-  (compiling them is `jit_compile=True`'s choice, not the default's).
+  (compiling them is `jit_compile=True`'s choice, not the default's),
+  after the assertion: given inputs of other batch sizes, a layer that
+  combines them would fail first naming none, or broadcast one input's
+  row over the others' (`Add`).
 
 With `pad_batches=True` the inputs the lookups read are padded to the
 batch's power of two first and the activations cut back after, so that a
-server that sees every batch size compiles a handful of programs; the
-inputs of one call must then share one batch size (checked with the
-others).
+server that sees every batch size compiles a handful of programs; their
+shapes are checked on the host before (an input of another rank cannot
+be padded), and the other inputs' batch sizes are handed to the program.
 
 The program runs the same ops on the same ids as each layer's own
 program, so the answers are the same. Any other model is called as it
@@ -44,11 +50,14 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.export.compiled_model import CheckedProgram
 from keras_tpu_embed.export.compiled_model import NotWhole
 from keras_tpu_embed.export.compiled_model import cut_at_lookups
+from keras_tpu_embed.export.serving_inputs import conform_rows
+from keras_tpu_embed.export.serving_inputs import ensure_one_batch
 from keras_tpu_embed.export.serving_inputs import ensure_shape_in_program
 from keras_tpu_embed.export.serving_inputs import ensure_shapes
 from keras_tpu_embed.export.serving_inputs import ensure_signature_shape
 from keras_tpu_embed.export.serving_inputs import input_keys
-from keras_tpu_embed.lookup import returned_checks
+from keras_tpu_embed.export.serving_inputs import one_batch_in_program
+from keras_tpu_embed.export.serving_inputs import shapes_of
 from keras_tpu_embed.lookup.fused_host import cut_rows
 from keras_tpu_embed.lookup.padded_host import bucket
 from keras_tpu_embed.preprocessing.ids import PADDING_ID
@@ -67,12 +76,15 @@ def joined_call(
     `check_shapes` (a signature's inputs), each input's declared shape is
     checked: in the program for the inputs the lookups read
     (`serving_inputs.ensure_shape_in_program`: at its compile, once per
-    shape), on the host for the others.
+    shape), on the host for the others (and, with `pad_batches`, for all
+    of them, before the padding). Every input of a call must share one
+    batch size: checked in the program (`one_batch_in_program`), or on
+    the host where there is none (`ensure_one_batch`).
     """
 
     def plain(features: Any) -> Any:
         if check_shapes:
-            features = ensure_shapes(features)
+            features = ensure_one_batch(ensure_shapes(features))
         return model(features, training=False)
 
     try:
@@ -84,25 +96,52 @@ def joined_call(
     if not lookups or not read <= {id(x) for x in inputs}:
         return plain
     used = [i for i, x in enumerate(inputs) if id(x) in read]
+    others = [i for i in range(len(inputs)) if i not in used]
     keys = input_keys(model.input)
+    # Layers after the lookups wait for the assertion, so that none fails
+    # first, naming no input, on inputs that disagree on the batch size.
+    gated = isinstance(rest, keras.Model) and len(inputs) > 1
 
-    def lookups_on(values: list[Tensor]) -> list[Tensor]:
+    def lookups_on(given: tuple[list[Tensor], Any]) -> list[Tensor]:
         """Every layer's activations, flat, on the model's inputs that the
-        lookups read (`used`, in order)."""
-        if check_shapes:
+        lookups read (`used`, in order), their batch sizes checked against
+        the other inputs' (`given` besides: the other inputs themselves,
+        or with `pad_batches` the first input's batch before padding and
+        the other inputs' shapes)."""
+        values, besides = given
+        if check_shapes and not pad_batches:
             values = [
                 ensure_shape_in_program(keys[i], value)
                 for i, value in zip(used, values)
             ]
+            besides = [
+                ensure_shape_in_program(keys[i], value)
+                for i, value in zip(others, besides)
+            ]
+        one_batch_in_program(_batch_sizes(values, besides), keys)
+        values = conform_rows(values)
         by_input = {id(inputs[i]): value for i, value in zip(used, values)}
         activations: list[Tensor] = []
         for layer in lookups:
             activations += tf.nest.flatten(
                 keras_call_as_in_model(layer, by_input, training=False)
             )
-        if pad_batches:
-            _hand_one_batch_check(values)
         return activations
+
+    def _batch_sizes(values: list[Tensor], besides: Any) -> list[Tensor]:
+        """Each input's batch size, in the model's order."""
+        sizes: dict[int, Tensor] = {}
+        if pad_batches:
+            batch, shapes = besides
+            first = tf.shape(values[0], out_type=tf.int64)[0]
+            for i, value in zip(used, values):
+                padded = tf.shape(value, out_type=tf.int64)[0]
+                sizes[i] = padded - (first - batch)
+            sizes.update({i: shape[0] for i, shape in zip(others, shapes)})
+        else:
+            for i, value in zip(used + others, values + list(besides)):
+                sizes[i] = tf.shape(value, out_type=tf.int64)[0]
+        return [sizes[i] for i in range(len(inputs))]
 
     program = CheckedProgram(lookups_on)
 
@@ -112,54 +151,35 @@ def joined_call(
             _paddable(flat[i]) for i in used
         ):
             return plain(features)
+        if pad_batches and check_shapes:
+            # Before padding: an input of another rank cannot be padded.
+            flat = [ensure_signature_shape(k, v) for k, v in zip(keys, flat)]
         values = [flat[i] for i in used]
+        besides: Any = [flat[i] for i in others]
         if pad_batches:
             batch = tf.shape(values[0], out_type=tf.int64)[0]
+            shapes = shapes_of(besides)
+            besides = (batch, shapes)
             values = _pad_rows(values, bucket(batch) - batch)
         try:
-            served = program.asserted(values)
+            served, check = program.checked((values, besides))
         except NotWhole:
             return plain(features)
         if pad_batches:
             start, step = tf.constant([0], tf.int64), tf.constant([1], tf.int64)
             end = tf.reshape(batch, [1])
             served = [cut_rows(value, start, end, step) for value in served]
-        if check_shapes:  # the inputs the program did not check
+        elif check_shapes:  # the inputs the program did not check
             flat = [
                 value if i in used else ensure_signature_shape(keys[i], value)
                 for i, value in enumerate(flat)
             ]
-        return rest(list(served) + flat, training=False)
+        if gated and check is not None:
+            with tf.control_dependencies([check]):
+                flat = tf.identity_n(flat)
+        return rest(list(served) + list(flat), training=False)
 
     return call
-
-
-def _hand_one_batch_check(padded: list[Tensor]) -> None:
-    """Hands the check that `padded` (padded alike) share one batch size
-    to the program's collector: only inputs of one batch size pad to one
-    size, and the cut takes one. XLA folds the comparison of static
-    shapes."""
-    sizes = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in padded])
-    differing = tf.math.count_nonzero(
-        tf.not_equal(sizes, sizes[0]), dtype=tf.int64
-    )
-    handed = returned_checks.active()
-    if handed is not None:
-        handed.own(
-            returned_checks.Checks(
-                worst=differing - 1,
-                details=lambda: (
-                    tf.reshape(tf.equal(differing, 0), [1]),
-                    tf.reshape(differing, [1]),
-                ),
-                messages=(
-                    "export_saved_model(pad_batches=True) serves inputs of "
-                    "one batch size per call; export without pad_batches to "
-                    "serve each input at its own. Inputs whose batch size "
-                    "differs from the first's:",
-                ),
-            )
-        )
 
 
 def _paddable(value: Any) -> bool:

@@ -37,6 +37,8 @@ from keras_tpu_embed.export.quantization import quantize_rows
 from keras_tpu_embed.export.serving_inputs import as_batch_matrix
 from keras_tpu_embed.export.serving_inputs import cross_padding
 from keras_tpu_embed.export.serving_inputs import drop_padding
+from keras_tpu_embed.export.serving_inputs import ensure_one_batch
+from keras_tpu_embed.export.serving_inputs import ensure_signature_shape
 from keras_tpu_embed.export.serving_inputs import model_input_signature
 from keras_tpu_embed.export.serving_inputs import model_inputs
 from keras_tpu_embed.export.serving_inputs import raw_signature
@@ -152,6 +154,15 @@ def export_saved_model(
     largest id (or the weight feature and its count of NaN or inf
     values).
 
+    Every feature of a `serving_default` call must hold one row per
+    example: a call whose features disagree on the batch size raises
+    `tf.errors.InvalidArgumentError` naming every feature and its batch
+    size, in every variant (checked in the compiled program where the
+    call runs one, else on the host before the model), never answering
+    with one feature's rows broadcast over the others'. `serve_examples`
+    parses every feature from one `[batch]` tensor, so its features
+    cannot disagree.
+
     `table_dtype` stores the exported tables as `"float32"` (as trained),
     `"bfloat16"` or `"int8"` (uint8 codes with a float32 scale and offset
     per row); rows are dequantized right after the gather, before
@@ -186,9 +197,8 @@ def export_saved_model(
             XLA.
         pad_batches: Pad each call's batch to a power of two before the
             joined lookups' program (see above), so that XLA compiles
-            a handful of programs whatever batch sizes are served; the
-            inputs of one call must then share one batch size. Not with
-            `jit_compile`, whose program takes the whole model.
+            a handful of programs whatever batch sizes are served. Not
+            with `jit_compile`, whose program takes the whole model.
 
     Returns:
         The path written.
@@ -261,8 +271,9 @@ def export_saved_model(
             signature = model_input_signature(model)
 
             def serve_ids(features: dict[str, Tensor]) -> dict[str, Tensor]:
-                # `call` checks each input's signature shape, in its
-                # compiled program where it has one.
+                # `call` checks each input's signature shape, and that
+                # they share one batch size, in its compiled program where
+                # it has one.
                 dense = {k: as_batch_matrix(k, v) for k, v in features.items()}
                 return _output_dict(model, call(dense))
 
@@ -325,6 +336,9 @@ def _raw_signatures(
 
     def serve(features: dict[str, Tensor]) -> dict[str, Tensor]:
         dense = {k: as_batch_matrix(k, v) for k, v in features.items()}
+        # Before the preprocessor, whose ids of another batch size a layer
+        # would broadcast or fail on, naming no feature.
+        dense = ensure_one_batch(dense)
         dense = drop_padding(dense, pads)
         ids = model_inputs(model, preprocessor(dense))
         return _output_dict(model, call(ids))
@@ -332,6 +346,10 @@ def _raw_signatures(
     spec = make_parse_example_spec(preprocessor.categorical_columns)
 
     def serve_examples(examples: Tensor) -> dict[str, Tensor]:
+        # Parsed from one `[batch]` tensor, every feature has its batch
+        # size; a scalar would parse into features of no batch, which the
+        # lookups would fail on naming nothing.
+        examples = ensure_signature_shape("examples", examples)
         features = tf.io.parse_example(examples, spec)
         ids = model_inputs(model, preprocessor(features))
         return _output_dict(model, call(ids))

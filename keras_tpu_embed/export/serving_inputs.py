@@ -4,7 +4,11 @@ A raw feature comes into `serving_default` as `[batch]` or `[batch, n]`
 (`raw_signature`) and is checked and shaped to `[batch, n]`
 (`as_batch_matrix`); the padding of a crossed key is dropped before it is
 crossed (`cross_padding`, `drop_padding`); the model is then given exactly
-its own inputs, by name (`model_inputs`).
+its own inputs, by name (`model_inputs`). A signature's inputs are checked
+to have their declared shapes (`ensure_shapes`) and one batch size: in a
+checked program (`one_batch_in_program`, its inputs conformed to one batch
+by `conform_rows` so that it compiles to say so) or on the host
+(`ensure_one_batch`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.lookup import returned_checks
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     FeaturePreprocessor,
 )
@@ -245,3 +250,96 @@ def input_keys(structure: Any) -> list[str]:
         "/".join(str(key) for key in path)
         for path, _ in keras.tree.flatten_with_path(structure)
     ]
+
+
+def batch_sizes_message(keys: list[str]) -> str:
+    """What a call whose inputs `keys` disagree on the batch size says,
+    before their batch sizes (in the same order)."""
+    names = ", ".join(f"'{key}'" for key in keys)
+    return (
+        f"Features {names} must each hold one row per example of the call, "
+        "but their batch sizes differ: give each the same number of rows. "
+        "Batch sizes, in that order:"
+    )
+
+
+def ensure_one_batch(features: Any) -> Any:
+    """`features` (a signature's inputs, each of rank 1 or more) checked on
+    the host to share one batch size: one `Assert` naming every input and
+    its batch size, which the returned tensors wait for (so that no layer
+    fails first on rows that do not line up, or broadcasts one input's
+    row over the others'). For the calls that run no checked program
+    (`one_batch_in_program`)."""
+    flat = keras.tree.flatten(features)
+    if len(flat) < 2:
+        return features
+    ranks = {value.shape.rank for value in flat}
+    if len(ranks) == 1 and None not in ranks:
+        sizes = tf.stack(shapes_of(flat))[:, 0]
+    else:
+        sizes = tf.stack([tf.shape(v, out_type=tf.int64)[0] for v in flat])
+    check = tf.raw_ops.Assert(
+        condition=tf.reduce_all(tf.equal(sizes, sizes[0])),
+        data=[tf.constant(batch_sizes_message(input_keys(features))), sizes],
+        summarize=len(flat),
+    )
+    with tf.control_dependencies([check]):
+        waiting = tf.identity_n(flat)
+    return keras.tree.pack_sequence_as(features, waiting)
+
+
+def shapes_of(values: list[Tensor]) -> list[Tensor]:
+    """Each of `values`' shapes (int64), from one `ShapeN` op per dtype
+    among them (the op takes tensors of one dtype): a served call's host
+    ops are most of a small batch's time."""
+    by_dtype: dict[Any, list[int]] = {}
+    for i, value in enumerate(values):
+        by_dtype.setdefault(value.dtype, []).append(i)
+    shapes: dict[int, Tensor] = {}
+    for indices in by_dtype.values():
+        group = [values[i] for i in indices]
+        shapes.update(zip(indices, tf.shape_n(group, out_type=tf.int64)))
+    return [shapes[i] for i in range(len(values))]
+
+
+def one_batch_in_program(sizes: list[Tensor], keys: list[str]) -> None:
+    """Hands the check that `sizes` (the batch sizes of the inputs `keys`,
+    scalars) are equal to the checked program being traced
+    (`lookup/returned_checks.py`), its message naming every input and its
+    batch size. XLA knows the sizes of its inputs when it compiles, so the
+    comparison of static sizes costs a served call nothing."""
+    handed = returned_checks.active()
+    if handed is None or len(sizes) < 2:
+        return
+    stacked = tf.stack([tf.cast(size, tf.int64) for size in sizes])
+    differ = tf.not_equal(stacked, stacked[0])
+    handed.own(
+        returned_checks.Checks(
+            worst=tf.cast(tf.reduce_any(differ), tf.int64) - 1,
+            details=lambda: (
+                tf.reshape(tf.logical_not(tf.reduce_any(differ)), [1]),
+                tf.reshape(stacked, [1, len(sizes)]),
+            ),
+            messages=(batch_sizes_message(keys),),
+            shows=len(sizes),
+        )
+    )
+
+
+def conform_rows(values: list[Tensor]) -> list[Tensor]:
+    """`values` cut or padded (with zeros) to the first one's batch size,
+    inside an XLA program: a program whose inputs disagree on the batch
+    would fail at its compile, naming none, before its checks could name
+    them (`one_batch_in_program`). For inputs of one batch size, as XLA
+    knows when it compiles, the cut and the pad are of nothing and cost
+    nothing."""
+    rows = tf.shape(values[0])[0]
+    conformed = [values[0]]
+    for value in values[1:]:
+        kept = value[:rows]
+        grow = tf.stack([0, rows - tf.shape(kept)[0]])
+        others = tf.zeros([value.shape.rank - 1, 2], tf.int32)
+        grown = tf.pad(kept, tf.concat([grow[tf.newaxis], others], 0))
+        grown.set_shape([None] + value.shape[1:])
+        conformed.append(grown)
+    return conformed

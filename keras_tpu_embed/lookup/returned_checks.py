@@ -14,7 +14,10 @@ A call whose checks pass pays one reduction for all of them (`Checks.
 worst`): XLA runs each reduction as a task of its own, and one per check
 (26 for the Criteo-shaped W4) cost more than its gathers at batch 1. Which
 check failed, and its value, is computed only when one did, in a
-conditional inside the program (`verdict`).
+conditional inside the program (`verdict`). A check may show several
+values (the batch sizes of a call's inputs, `Checks.shows`): then the
+program returns the widest check's count of values, and the assertion
+shows as many of them as the failed check has.
 
 Under `returned_checks()`, a lookup traced inside a larger program (the
 export's joined lookups, or a whole model under `jit_compile=True`,
@@ -51,23 +54,31 @@ class Checks:
             (`worst_of`).
         details: builds, where it is called, bool `[k]` (whether each
             check passed) and int64 `[k]` (each one's value that shows why
-            not); `verdict` calls it only when `worst` is not negative.
-        messages: the `k` messages, each ending where its value is shown.
+            not; `[k, shows]` when each shows more than one); `verdict`
+            calls it only when `worst` is not negative.
+        messages: the `k` messages, each ending where its values are
+            shown.
+        shows: how many values each check shows.
     """
 
     worst: Tensor
     details: Callable[[], tuple[Tensor, Tensor]]
     messages: tuple[str, ...]
+    shows: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """Every check of a program folded into scalars: `clear` when all
-    passed, else the index of the first that did not and its value."""
+    """Every check of a program folded: `clear` when all passed, else the
+    index of the first that did not and its value (a scalar), or, when some
+    check shows several (`Checks.shows`), its values padded to the widest
+    check's count (`[n]`) and how many of them it shows (`shown`, `[1]`).
+    """
 
     clear: Tensor
     first: Tensor
     evidence: Tensor
+    shown: Tensor | None = None
 
 
 def worst_of(per_example: Sequence[Tensor]) -> Tensor:
@@ -90,23 +101,38 @@ def worst_of(per_example: Sequence[Tensor]) -> Tensor:
 
 def verdict(checks: Sequence[Checks]) -> Verdict:
     """The `Verdict` of every lookup's `checks`, computed where they are
-    (in the program: three scalars leave it). When all pass, the details
-    are not computed (an XLA conditional inside a compiled program)."""
+    (in the program: three scalars leave it, or a few more values when a
+    check shows several). When all pass, the details are not computed (an
+    XLA conditional inside a compiled program)."""
     worsts = [c.worst for c in checks]
     worst = worsts[0] if len(worsts) == 1 else tf.reduce_max(tf.stack(worsts))
     clear = worst < 0
+    widest = max(c.shows for c in checks)
+    shape = [] if widest == 1 else [widest]
 
     def passed_all() -> tuple[Tensor, Tensor]:
-        return tf.constant(0, tf.int32), tf.constant(0, tf.int64)
+        return tf.constant(0, tf.int32), tf.zeros(shape, tf.int64)
 
     def first_failed() -> tuple[Tensor, Tensor]:
         passed, evidence = zip(*(c.details() for c in checks))
         every = tf.concat(passed, 0)
         first = tf.argmin(tf.cast(every, tf.int32), output_type=tf.int32)
+        if widest > 1:
+            evidence = tuple(
+                tf.pad(
+                    tf.reshape(values, [-1, c.shows]),
+                    [[0, 0], [0, widest - c.shows]],
+                )
+                for c, values in zip(checks, evidence)
+            )
         return first, tf.gather(tf.concat(evidence, 0), first)
 
     first, evidence = tf.cond(clear, passed_all, first_failed)
-    return Verdict(clear=clear, first=first, evidence=evidence)
+    if widest == 1:
+        return Verdict(clear=clear, first=first, evidence=evidence)
+    shows = [c.shows for c in checks for _ in c.messages]
+    shown = tf.reshape(tf.gather(tf.constant(shows), first), [1])
+    return Verdict(clear=clear, first=first, evidence=evidence, shown=shown)
 
 
 def messages_of(checks: Sequence[Checks]) -> tuple[str, ...]:
@@ -116,9 +142,10 @@ def messages_of(checks: Sequence[Checks]) -> tuple[str, ...]:
 
 def assert_clear(verdict: Verdict, messages: Sequence[str]) -> Tensor | None:
     """One `Assert` op: raises `InvalidArgumentError` with the first failed
-    check's message and value unless `verdict.clear`. Inside a
+    check's message and values unless `verdict.clear`. Inside a
     `tf.function` it runs by TensorFlow's automatic control dependencies
-    (it is stateful); eagerly it raises at once.
+    (it is stateful); eagerly it raises at once. Returns the op (None
+    eagerly), for what must run only after it.
 
     Example:
 
@@ -140,12 +167,15 @@ def assert_clear(verdict: Verdict, messages: Sequence[str]) -> Tensor | None:
         message = tf.constant(messages[0])
     else:
         message = tf.gather(tf.constant(list(messages)), verdict.first)
+    evidence = verdict.evidence
+    if verdict.shown is not None:
+        evidence = tf.slice(evidence, [0], verdict.shown)
     # The raw op: `tf.debugging.Assert` wraps data other than string and
     # int32 (the int64 evidence) in a `tf.cond`, a branch on every call.
     check: Tensor | None = tf.raw_ops.Assert(
         condition=verdict.clear,
-        data=[message, verdict.evidence],
-        summarize=1,
+        data=[message, evidence],
+        summarize=max(1, verdict.evidence.shape.num_elements() or 1),
     )
     return check
 
