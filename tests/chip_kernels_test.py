@@ -71,8 +71,8 @@ def test_ids_outside_the_table_fail_naming_it():
         vocabulary_size=4,
         dim=2,
         parameters=None,
-        kind="sgd",
-        variables={},
+        kind="stochastic_gradient_descent",
+        num_shards=1,
     )
     ids = tf.constant([0, 3], tf.int64)
     np.testing.assert_array_equal(chip_kernels.checked_ids(ids, table), [0, 3])

@@ -49,12 +49,14 @@ from keras_tpu_embed._compat import tf_tpu_ops as tpu_ops
 from keras_tpu_embed._compat import tf_tpu_util as tpu_util
 from keras_tpu_embed._tf_private import replica_index
 from keras_tpu_embed.testing import engine_rules
+from keras_tpu_embed.testing.chip_kernels import ChipShard
 from keras_tpu_embed.testing.chip_kernels import ChipTable
 from keras_tpu_embed.testing.chip_kernels import Enqueued
 from keras_tpu_embed.testing.chip_kernels import apply_table
 from keras_tpu_embed.testing.chip_kernels import cells_and_scales
 from keras_tpu_embed.testing.chip_kernels import cells_in
 from keras_tpu_embed.testing.chip_kernels import checked_ids
+from keras_tpu_embed.testing.chip_kernels import gather_rows
 from keras_tpu_embed.types import Tensor
 
 # The `config` argument of TF's chip ops: the serialized
@@ -67,6 +69,19 @@ def shard_rows(rows: int, num_shards: int, shard_id: int) -> tuple[int, int]:
     base, extra = divmod(rows, num_shards)
     start = shard_id * base + min(shard_id, extra)
     return start, start + base + (1 if shard_id < extra else 0)
+
+
+def _scope_device() -> str:
+    """The device an op made here runs on: the caller's device scope."""
+    device: str = tf.identity(tf.constant(0)).device
+    return device
+
+
+def _same_device(a: str, b: str) -> bool:
+    return bool(
+        tf.DeviceSpec.from_string(a).to_string()
+        == tf.DeviceSpec.from_string(b).to_string()
+    )
 
 
 class EmulatedChip:
@@ -111,7 +126,8 @@ class EmulatedChip:
         return tf.constant(self.config is not None)
 
     def configure(self, config: bytes, name: str | None = None) -> Any:
-        """Allocates every table of the proto (once per TPU system)."""
+        """Reads the proto's tables (once per TPU system); each host's
+        shard of a table is allocated on that host by its first load."""
         if self.config is not None:
             raise RuntimeError(
                 "TPU is already initialized for embeddings (emulated chip)."
@@ -119,29 +135,18 @@ class EmulatedChip:
         proto = config_pb2.TPUEmbeddingConfiguration()
         proto.ParseFromString(config)
         self.config = proto
-        with tf.init_scope(), tf.device("/cpu:0"):
-            for table in proto.table_descriptor:
-                parameters = table.optimization_parameters
-                kind = engine_rules.optimizer_kind(parameters)
-                shape = (table.vocabulary_size, table.dimension)
-                variables = {
-                    name: resource_variable_ops.ResourceVariable(
-                        tf.zeros(shape, tf.float32),
-                        trainable=False,
-                        name=f"emulated_chip/{table.name}/{name}",
-                    )
-                    for name in ("parameters",) + engine_rules.SLOT_NAMES[kind]
-                }
-                self.tables.append(
-                    ChipTable(
-                        name=table.name,
-                        vocabulary_size=table.vocabulary_size,
-                        dim=table.dimension,
-                        parameters=parameters,
-                        kind=kind,
-                        variables=variables,
-                    )
+        for table in proto.table_descriptor:
+            parameters = table.optimization_parameters
+            self.tables.append(
+                ChipTable(
+                    name=table.name,
+                    vocabulary_size=table.vocabulary_size,
+                    dim=table.dimension,
+                    parameters=parameters,
+                    kind=engine_rules.optimizer_kind(parameters),
+                    num_shards=proto.num_hosts,
                 )
+            )
         return tf.no_op()
 
     def _table(self, name: str) -> ChipTable:
@@ -149,6 +154,42 @@ class EmulatedChip:
             if table.name == name:
                 return table
         raise KeyError(f"emulated chip: no table named {name!r}")
+
+    def _shard(
+        self, table: ChipTable, num_shards: int, shard_id: int
+    ) -> ChipShard:
+        """Host `shard_id`'s shard of `table`, on the device TF's op was
+        called on (TF calls each host's load and retrieve under
+        `ops.device(host)`), allocated there at its first use."""
+        if num_shards != table.num_shards:
+            raise ValueError(
+                f"emulated chip: table '{table.name}' is sharded over "
+                f"{table.num_shards} hosts (the configuration's num_hosts), "
+                f"but an op asked for shard {shard_id} of {num_shards}."
+            )
+        host = _scope_device()
+        shard = table.shards.get(shard_id)
+        if shard is not None:
+            if _same_device(shard.host, host):
+                return shard
+            raise RuntimeError(
+                f"emulated chip: shard {shard_id} of table '{table.name}' "
+                f"lives on {shard.host}, but an op for it runs on {host}: "
+                "TF runs each host's load and retrieve on that host."
+            )
+        start, end = shard_rows(table.vocabulary_size, num_shards, shard_id)
+        variables = {}
+        # Lifted out of the traced load: the chip's memory outlives it.
+        with tf.init_scope(), tf.device(host):
+            for slot in table.slot_names if end > start else ():
+                variables[slot] = resource_variable_ops.ResourceVariable(
+                    tf.zeros([end - start, table.dim], tf.float32),
+                    trainable=False,
+                    name=f"emulated_chip/{table.name}/{slot}_{shard_id}",
+                )
+        shard = ChipShard(host, start, end - start, variables)
+        table.shards[shard_id] = shard
+        return shard
 
     def _loader(self) -> Callable[..., Any]:
         def load(
@@ -162,14 +203,16 @@ class EmulatedChip:
             **values: Tensor,
         ) -> Any:
             table = self._table(table_name)
-            start, end = shard_rows(table.vocabulary_size, num_shards, shard_id)
-            rows = tf.range(start, end)
-            ops = [
-                table.variables[slot].scatter_update(
-                    tf.IndexedSlices(tf.convert_to_tensor(value), rows)
-                )
-                for slot, value in values.items()
-            ]
+            shard = self._shard(table, num_shards, shard_id)
+            if not shard.rows:
+                # TF loads zeros shaped like the first shard for a host
+                # that holds no row (a table with fewer rows than hosts).
+                return tf.no_op()
+            with tf.device(shard.host):
+                ops = [
+                    shard.variables[slot].assign(tf.convert_to_tensor(value))
+                    for slot, value in values.items()
+                ]
             with tf.control_dependencies(ops):
                 return tf.no_op()
 
@@ -186,12 +229,14 @@ class EmulatedChip:
             name: str | None = None,
         ) -> Any:
             table = self._table(table_name)
-            start, end = shard_rows(table.vocabulary_size, num_shards, shard_id)
-            values = tuple(
-                table.variables[slot][start:end]
-                for slot in ("parameters",)
-                + engine_rules.SLOT_NAMES[table.kind]
-            )
+            shard = self._shard(table, num_shards, shard_id)
+            with tf.device(shard.host):
+                values = tuple(
+                    shard.variables[slot].read_value()
+                    if shard.rows
+                    else tf.zeros([0, table.dim], tf.float32)
+                    for slot in table.slot_names
+                )
             return values if len(values) > 1 else values[0]
 
         return retrieve
@@ -288,7 +333,7 @@ class EmulatedChip:
             batch.cells.append(cells)
             batch.scales.append(scale)
             ids = checked_ids(batch.ids[index], table)
-            rows = tf.gather(table.variables["parameters"], ids)
+            rows = gather_rows(table, ids)
             num_cells = cells_in(shape)
             combined = tf.math.unsorted_segment_sum(
                 rows * scale[:, tf.newaxis], cells, num_cells
