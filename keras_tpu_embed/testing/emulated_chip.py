@@ -12,22 +12,36 @@ active; every line of `TPUEmbedding` around them is TensorFlow's own.
 What the chip does is what the ops' documentation says the engine does:
 
 - it holds each table of the configuration proto, with the slots of the
-  table's optimizer, and takes and gives them back one host shard at a
-  time (host `i` of `n` holds a contiguous block of rows, the first
-  `rows % n` hosts one row more: TF's sharded variable creator);
+  table's optimizer, as one shard per host (host `i` of `n` holds a
+  contiguous block of rows, the first `rows % n` hosts one row more: TF's
+  sharded variable creator), and takes and gives them back one host
+  shard at a time. Each shard lives on its host's device: TF calls each
+  host's load and retrieve op under `ops.device(host)`, and the shard is
+  allocated there by its first load (TF loads every table right after
+  configuring the engine) and read and written there ever after;
 - an enqueue records each replica's ids, row splits or sample indices and
   weights; only one of sparse or ragged inputs may be in one call;
-- the dequeue combines the rows of each output cell with the table's
-  combiner (`sum`, `mean`, `sqrtn`) into the per-replica output shape of
-  the feature descriptor; sequence features put one id per cell and drop
-  positions past the sequence length;
+- the dequeue gathers each id's row on the host of the shard that holds
+  it (only the gathered rows travel, as over the TPU interconnect) and
+  combines the rows of each output cell with the table's combiner (`sum`,
+  `mean`, `sqrtn`) into the per-replica output shape of the feature
+  descriptor; sequence features put one id per cell and drop positions
+  past the sequence length;
 - sending gradients hands every replica's row gradients to one merge call
   (the chip is shared by all cores), which sums them per distinct row over
-  the global batch and applies the table's optimizer once
-  (`engine_rules.step`).
+  the global batch and applies the table's optimizer once, each shard's
+  rows on its host (`engine_rules.step`).
 
 Ids outside `[0, vocabulary_size)` fail at run time: the engine has no
 rule for them.
+
+What this does not emulate: the chip's memory is the host's (a shard takes
+host RAM where a TPU holds it in its HBM, so on an emulated host the
+chip's shards add to what TF's host copies hold, and HBM's size is never
+checked), the interconnect is TF's runtime between devices (gRPC between
+an emulated pod's hosts), the cores of one host share one shard (a TPU
+spreads a host's rows over its cores), and the ops run in the step's CPU
+graph, not in the TPU program XLA compiles.
 """
 
 from __future__ import annotations
