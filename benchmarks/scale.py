@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,9 +51,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.scale_phases import PHASES  # noqa: E402
+from benchmarks.scale_phases import REFERENCE_PHASES  # noqa: E402
 
-CONFIGS = {"V1x1": ("V1", 1), "V1x2": ("V1", 2), "V2x1": ("V2", 1)}
-"""Configuration -> (embedding feature, hosts)."""
+CONFIGS = {
+    "V1x1": ("V1", 1),
+    "V1x2": ("V1", 2),
+    "V2x1": ("V2", 1),
+    "TFx2": ("TF", 2),
+}
+"""Configuration -> (embedding feature, hosts). `TF`: TF alone, for
+reference (the host copies as plain variables, checkpoint write and read:
+what TF's own checkpointing holds per host)."""
 TARGET = 1.25
 HOST_BYTES = 400e9
 """The host memory of the sizing table (a TPU v4 host has about 400 GB)."""
@@ -129,7 +138,10 @@ def measure_config(
     feature, hosts = CONFIGS[name]
     phases: dict[str, Any] = {}
     processes = []
-    for wanted in plan(args.phases.split(","), args.sequential):
+    chosen = args.phases.split(",")
+    if feature == "TF":
+        chosen = [p for p in chosen if p in REFERENCE_PHASES]
+    for wanted in plan(chosen, args.sequential or feature == "TF"):
         result = run_process(
             [
                 "--feature",
@@ -188,7 +200,7 @@ def table(results: dict[str, Any]) -> str:
         columns.append((f"{name} ratio", name, "ratio"))
         if config["feature"] == "V1":
             columns.append((f"{name} host", name, "host_ratio"))
-        if config["hosts"] > 1:
+        if config["hosts"] > 1 and config["feature"] != "TF":
             columns.append((f"{name} client/T", name, "client"))
     width = 24
     lines = [
@@ -346,6 +358,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     for name in args.configs.split(","):
         results["configs"][name] = measure_config(name, args, files)
+    if args.files is None:
+        shutil.rmtree(files, ignore_errors=True)
     results["sizing"] = sizing(results)
     results["wall_s"] = time.perf_counter() - started
     text = table(results)

@@ -10,9 +10,10 @@ that SparseCore does not stack them into one), concatenated into
 `Dense(1)`; the tables learn with Adagrad (one slot each). On the emulated
 pod (`emulated_tpu`, with `--hosts 2` its hosts each a process of their
 own: `emulated_devices.pod_devices(..., host_processes=True)`, 2 replicas
-per host), the process builds the model (`create`), trains one step
-(`first_step`), then runs the phases up to the last one of `--measure`,
-in `PHASES` order, and measures the ones `--measure` names.
+per host), the process builds the model (`create`) and trains one step
+(`first_step`), measured or not, then runs the phases `--measure` names,
+in `PHASES` order, measuring each (the phases are independent of each
+other: what a read phase reads comes from the setup).
 
 Each measured phase starts by resetting the peak resident memory of every
 process of the pod (this client and each host process: `5` written to
@@ -42,7 +43,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse  # noqa: E402
+import glob  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from typing import Any  # noqa: E402
@@ -362,7 +365,9 @@ def run_phases(args: argparse.Namespace) -> dict[str, Any]:
         for task, pid in enumerate(emulated_devices.host_process_ids()):
             pids[f"host{task}"] = pid
     wanted = args.measure.split(",")
-    last = max(PHASES.index(phase) for phase in wanted)
+    # The read phases read the setup's files: a phase needs only the
+    # model and its first step before it.
+    runs = [p for p in PHASES if p in wanted or p in ("create", "first_step")]
     result: dict[str, Any] = {
         "feature": args.feature,
         "hosts": args.hosts,
@@ -382,7 +387,7 @@ def run_phases(args: argparse.Namespace) -> dict[str, Any]:
     ) as strategy:
         result["baseline"] = {name: resident(pid) for name, pid in pids.items()}
         run = Run(args, strategy)
-        for phase in PHASES[: last + 1]:
+        for phase in runs:
             action = getattr(run, phase)
             if phase in wanted:
                 record = measured(action, pids)
@@ -394,7 +399,74 @@ def run_phases(args: argparse.Namespace) -> dict[str, Any]:
                 action()
             if phase == "first_step":
                 result["state"] = state_bytes(run.model, strategy)
+    shutil.rmtree(run.out, ignore_errors=True)
     return result
+
+
+REFERENCE_PHASES = ("checkpoint_write", "checkpoint_read")
+"""The phases of `--feature TF`."""
+
+
+def run_reference(args: argparse.Namespace) -> dict[str, Any]:
+    """TF alone, for reference: the engine's host copies as plain
+    `tf.Variable`s (each table and slot one variable per host, TF's rows
+    per host), written and read with `tf.train.Checkpoint`."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    from keras_tpu_embed.testing import emulated_devices
+
+    tf.get_logger().setLevel("ERROR")
+    replicas = REPLICAS_PER_HOST * args.hosts
+    pids = {"client": os.getpid()}
+    emulated_devices.pod_devices(replicas, args.hosts, host_processes=True)
+    for task, pid in enumerate(emulated_devices.host_process_ids()):
+        pids[f"host{task}"] = pid
+    baseline = {name: resident(pid) for name, pid in pids.items()}
+    variables: dict[str, Any] = {}
+    state: dict[str, dict[str, int]] = {}
+    for name, (rows, dim) in table_shapes(args.table_mib).items():
+        base, extra = divmod(rows, args.hosts)
+        for task in range(args.hosts):
+            shard = [base + (1 if task < extra else 0), dim]
+            host = f"/job:worker/replica:0/task:{task}/device:CPU:0"
+            for slot in ("parameters", "accumulators"):
+                with tf.device(host):
+                    variables[f"{name}_{slot}_{task}"] = tf.Variable(
+                        tf.fill(shard, 0.5)
+                    )
+                held = state.setdefault(
+                    f"host{task}", {"engine": 0, "chip": 0, "other": 0}
+                )
+                held["engine"] += shard[0] * shard[1] * 4
+    context.async_wait()
+    checkpoint = tf.train.Checkpoint(**variables)
+    path = os.path.join(args.files, f"reference_{os.getpid()}")
+    phases = {
+        "checkpoint_write": lambda: checkpoint.write(path),
+        "checkpoint_read": lambda: checkpoint.read(path).assert_consumed(),
+    }
+    measured_phases = {
+        phase: measured(action, pids) for phase, action in phases.items()
+    }
+    for written in glob.glob(path + ".*"):
+        os.remove(written)
+    return {
+        "feature": "TF",
+        "hosts": args.hosts,
+        "replicas": replicas,
+        "tables": {
+            name: list(shape)
+            for name, shape in table_shapes(args.table_mib).items()
+        },
+        "table_bytes": max(
+            rows * dim * 4
+            for rows, dim in table_shapes(args.table_mib).values()
+        ),
+        "baseline": baseline,
+        "state": state,
+        "phases": measured_phases,
+    }
 
 
 def setup(args: argparse.Namespace) -> dict[str, Any]:
@@ -439,7 +511,13 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--feature", default="V1", choices=("V1", "V2"))
+    parser.add_argument(
+        "--feature",
+        default="V1",
+        choices=("V1", "V2", "TF"),
+        help="TF: plain variables in the engine's host copies' place, "
+        "for reference (checkpoint write and read only, --hosts > 1)",
+    )
     parser.add_argument("--hosts", type=int, default=1)
     parser.add_argument("--table-mib", type=float, default=512)
     parser.add_argument(
@@ -453,7 +531,12 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(args.measure.split(",")) - set(PHASES)
     if unknown:
         parser.error(f"--measure names {sorted(unknown)}, not of {PHASES}")
-    result = setup(args) if args.setup else run_phases(args)
+    if args.setup:
+        result = setup(args)
+    elif args.feature == "TF":
+        result = run_reference(args)
+    else:
+        result = run_phases(args)
     print(json.dumps(result), flush=True)
 
 
