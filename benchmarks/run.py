@@ -1,7 +1,7 @@
 """The benchmark suite: one command, every candidate, one table.
 
     python benchmarks/run.py [--workloads W1,W2,W3,latency,quantization,
-                                          W4,row_layouts]
+                                          W4,row_layouts,scale]
                              [--rounds 5] [--steps N] [--repeat 1]
                              [--out benchmarks/results] [--quick]
 
@@ -13,7 +13,11 @@ The `legacy` family runs with `TF_USE_LEGACY_KERAS=1`. `latency` (loaded
 SavedModels from 1 and 8 threads, `latency.py`) and `quantization` (the
 demo's AUC through each table dtype, `quantization.py`), `W4` (the
 Criteo-shaped workload, `criteo.py`) and `row_layouts` (int8 row layouts
-against the gather bound, `row_layouts.py`) are a process each.
+against the gather bound, `row_layouts.py`) are a process each. `scale`
+(peak memory per host and phase on the emulated pod, `scale.py`) runs only
+when named: about 80 minutes and 8 GB, processes of its own, and it writes
+its own `scale.json` (a run of `scale` alone leaves `results.json` as it
+is).
 Prints the table and the targets; writes `results.json`, `results.png` and
 `latency.png` under `--out`; progress goes to stderr. A full run took
 13 minutes on 2 cores. `--quick` shrinks batches and tables so
@@ -47,12 +51,18 @@ FAMILIES = {
     "quantization": ["quantization"],
     "W4": ["W4"],
     "row_layouts": ["row_layouts"],
+    "scale": ["scale"],
 }
+DEFAULT_WORKLOADS = [w for w in FAMILIES if w != "scale"]
+"""What a run without `--workloads` measures."""
+OWN_RESULTS = {"scale"}
+"""Workloads that write their own results file under `--out`."""
 SCRIPTS = {
     "latency": "latency.py",
     "quantization": "quantization.py",
     "W4": "criteo.py",
     "row_layouts": "row_layouts.py",
+    "scale": "scale.py",
 }
 """Parts that are a script of their own, not a family of candidates."""
 STEPS = {"W1": 20, "W2": 6, "W3": 6}
@@ -87,6 +97,8 @@ def run_family(
             command += ["--row-cap", str(args.w4_row_cap)]
     elif workload == "row_layouts":
         command += ["--rounds", str(max(args.rounds, 3))]
+    elif workload == "scale":
+        command += ["--json", "--out", args.out]
     elif workload in FAMILIES and workload not in SCRIPTS:
         command += [
             "--workload",
@@ -160,7 +172,7 @@ def machine() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default=",".join(FAMILIES))
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=0)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
@@ -211,11 +223,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             [report.targets(run) for run in runs]
         )
     text = report.table(results)
-    for workload in ("W4", "row_layouts"):
+    for workload in ("W4", "row_layouts", "scale"):
         if workload in results:
             part = results[workload]
             text += "\n\n" + part.get("table", f"{workload}: {part}")
     print(f"$ {results['command']}\n{text}")
+    if set(args.workloads.split(",")) <= OWN_RESULTS:
+        return results
     os.makedirs(args.out, exist_ok=True)
     results["table"] = text
     with open(os.path.join(args.out, "results.json"), "w") as handle:

@@ -74,6 +74,13 @@ SCRIPT = textwrap.dedent(
         key = [k for k, _ in tf.train.list_variables(path)
                if k.endswith("/" + name + "/.ATTRIBUTES/VARIABLE_VALUE")]
         result[name] = tf.train.load_variable(path, key[0]).tolist()
+    result["shards"] = {
+        table.name: [
+            [shard.host, shard.start, shard.rows]
+            for shard in table.shards.values()
+        ]
+        for table in strategy.emulated_chip.tables
+    }
     print(json.dumps(result))
     """
 )
@@ -104,3 +111,6 @@ def test_tf_tpu_embedding_runs_on_the_emulated_chip(tmp_path):
         np.testing.assert_allclose(
             got[table], start - 0.5 * gradient[:, None], rtol=1e-6
         )
+    # One host: each table is one shard of all its rows, on the host.
+    host = "/job:localhost/replica:0/task:0/device:CPU:0"
+    assert got["shards"] == {"s": [[host, 0, 8]], "m": [[host, 0, 8]]}

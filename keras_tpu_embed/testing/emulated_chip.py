@@ -12,22 +12,36 @@ active; every line of `TPUEmbedding` around them is TensorFlow's own.
 What the chip does is what the ops' documentation says the engine does:
 
 - it holds each table of the configuration proto, with the slots of the
-  table's optimizer, and takes and gives them back one host shard at a
-  time (host `i` of `n` holds a contiguous block of rows, the first
-  `rows % n` hosts one row more: TF's sharded variable creator);
+  table's optimizer, as one shard per host (host `i` of `n` holds a
+  contiguous block of rows, the first `rows % n` hosts one row more: TF's
+  sharded variable creator), and takes and gives them back one host
+  shard at a time. Each shard lives on its host's device: TF calls each
+  host's load and retrieve op under `ops.device(host)`, and the shard is
+  allocated there by its first load (TF loads every table right after
+  configuring the engine) and read and written there ever after;
 - an enqueue records each replica's ids, row splits or sample indices and
   weights; only one of sparse or ragged inputs may be in one call;
-- the dequeue combines the rows of each output cell with the table's
-  combiner (`sum`, `mean`, `sqrtn`) into the per-replica output shape of
-  the feature descriptor; sequence features put one id per cell and drop
-  positions past the sequence length;
+- the dequeue gathers each id's row on the host of the shard that holds
+  it (only the gathered rows travel, as over the TPU interconnect) and
+  combines the rows of each output cell with the table's combiner (`sum`,
+  `mean`, `sqrtn`) into the per-replica output shape of the feature
+  descriptor; sequence features put one id per cell and drop positions
+  past the sequence length;
 - sending gradients hands every replica's row gradients to one merge call
   (the chip is shared by all cores), which sums them per distinct row over
-  the global batch and applies the table's optimizer once
-  (`engine_rules.step`).
+  the global batch and applies the table's optimizer once, each shard's
+  rows on its host (`engine_rules.step`).
 
 Ids outside `[0, vocabulary_size)` fail at run time: the engine has no
 rule for them.
+
+What this does not emulate: the chip's memory is the host's (a shard takes
+host RAM where a TPU holds it in its HBM, so on an emulated host the
+chip's shards add to what TF's host copies hold, and HBM's size is never
+checked), the interconnect is TF's runtime between devices (gRPC between
+an emulated pod's hosts), the cores of one host share one shard (a TPU
+spreads a host's rows over its cores), and the ops run in the step's CPU
+graph, not in the TPU program XLA compiles.
 """
 
 from __future__ import annotations
@@ -49,12 +63,14 @@ from keras_tpu_embed._compat import tf_tpu_ops as tpu_ops
 from keras_tpu_embed._compat import tf_tpu_util as tpu_util
 from keras_tpu_embed._tf_private import replica_index
 from keras_tpu_embed.testing import engine_rules
+from keras_tpu_embed.testing.chip_kernels import ChipShard
 from keras_tpu_embed.testing.chip_kernels import ChipTable
 from keras_tpu_embed.testing.chip_kernels import Enqueued
 from keras_tpu_embed.testing.chip_kernels import apply_table
 from keras_tpu_embed.testing.chip_kernels import cells_and_scales
 from keras_tpu_embed.testing.chip_kernels import cells_in
 from keras_tpu_embed.testing.chip_kernels import checked_ids
+from keras_tpu_embed.testing.chip_kernels import gather_rows
 from keras_tpu_embed.types import Tensor
 
 # The `config` argument of TF's chip ops: the serialized
@@ -67,6 +83,19 @@ def shard_rows(rows: int, num_shards: int, shard_id: int) -> tuple[int, int]:
     base, extra = divmod(rows, num_shards)
     start = shard_id * base + min(shard_id, extra)
     return start, start + base + (1 if shard_id < extra else 0)
+
+
+def _scope_device() -> str:
+    """The device an op made here runs on: the caller's device scope."""
+    device: str = tf.identity(tf.constant(0)).device
+    return device
+
+
+def _same_device(a: str, b: str) -> bool:
+    return bool(
+        tf.DeviceSpec.from_string(a).to_string()
+        == tf.DeviceSpec.from_string(b).to_string()
+    )
 
 
 class EmulatedChip:
@@ -111,7 +140,8 @@ class EmulatedChip:
         return tf.constant(self.config is not None)
 
     def configure(self, config: bytes, name: str | None = None) -> Any:
-        """Allocates every table of the proto (once per TPU system)."""
+        """Reads the proto's tables (once per TPU system); each host's
+        shard of a table is allocated on that host by its first load."""
         if self.config is not None:
             raise RuntimeError(
                 "TPU is already initialized for embeddings (emulated chip)."
@@ -119,29 +149,18 @@ class EmulatedChip:
         proto = config_pb2.TPUEmbeddingConfiguration()
         proto.ParseFromString(config)
         self.config = proto
-        with tf.init_scope(), tf.device("/cpu:0"):
-            for table in proto.table_descriptor:
-                parameters = table.optimization_parameters
-                kind = engine_rules.optimizer_kind(parameters)
-                shape = (table.vocabulary_size, table.dimension)
-                variables = {
-                    name: resource_variable_ops.ResourceVariable(
-                        tf.zeros(shape, tf.float32),
-                        trainable=False,
-                        name=f"emulated_chip/{table.name}/{name}",
-                    )
-                    for name in ("parameters",) + engine_rules.SLOT_NAMES[kind]
-                }
-                self.tables.append(
-                    ChipTable(
-                        name=table.name,
-                        vocabulary_size=table.vocabulary_size,
-                        dim=table.dimension,
-                        parameters=parameters,
-                        kind=kind,
-                        variables=variables,
-                    )
+        for table in proto.table_descriptor:
+            parameters = table.optimization_parameters
+            self.tables.append(
+                ChipTable(
+                    name=table.name,
+                    vocabulary_size=table.vocabulary_size,
+                    dim=table.dimension,
+                    parameters=parameters,
+                    kind=engine_rules.optimizer_kind(parameters),
+                    num_shards=proto.num_hosts,
                 )
+            )
         return tf.no_op()
 
     def _table(self, name: str) -> ChipTable:
@@ -149,6 +168,42 @@ class EmulatedChip:
             if table.name == name:
                 return table
         raise KeyError(f"emulated chip: no table named {name!r}")
+
+    def _shard(
+        self, table: ChipTable, num_shards: int, shard_id: int
+    ) -> ChipShard:
+        """Host `shard_id`'s shard of `table`, on the device TF's op was
+        called on (TF calls each host's load and retrieve under
+        `ops.device(host)`), allocated there at its first use."""
+        if num_shards != table.num_shards:
+            raise ValueError(
+                f"emulated chip: table '{table.name}' is sharded over "
+                f"{table.num_shards} hosts (the configuration's num_hosts), "
+                f"but an op asked for shard {shard_id} of {num_shards}."
+            )
+        host = _scope_device()
+        shard = table.shards.get(shard_id)
+        if shard is not None:
+            if _same_device(shard.host, host):
+                return shard
+            raise RuntimeError(
+                f"emulated chip: shard {shard_id} of table '{table.name}' "
+                f"lives on {shard.host}, but an op for it runs on {host}: "
+                "TF runs each host's load and retrieve on that host."
+            )
+        start, end = shard_rows(table.vocabulary_size, num_shards, shard_id)
+        variables = {}
+        # Lifted out of the traced load: the chip's memory outlives it.
+        with tf.init_scope(), tf.device(host):
+            for slot in table.slot_names if end > start else ():
+                variables[slot] = resource_variable_ops.ResourceVariable(
+                    tf.zeros([end - start, table.dim], tf.float32),
+                    trainable=False,
+                    name=f"emulated_chip/{table.name}/{slot}_{shard_id}",
+                )
+        shard = ChipShard(host, start, end - start, variables)
+        table.shards[shard_id] = shard
+        return shard
 
     def _loader(self) -> Callable[..., Any]:
         def load(
@@ -162,14 +217,16 @@ class EmulatedChip:
             **values: Tensor,
         ) -> Any:
             table = self._table(table_name)
-            start, end = shard_rows(table.vocabulary_size, num_shards, shard_id)
-            rows = tf.range(start, end)
-            ops = [
-                table.variables[slot].scatter_update(
-                    tf.IndexedSlices(tf.convert_to_tensor(value), rows)
-                )
-                for slot, value in values.items()
-            ]
+            shard = self._shard(table, num_shards, shard_id)
+            if not shard.rows:
+                # TF loads zeros shaped like the first shard for a host
+                # that holds no row (a table with fewer rows than hosts).
+                return tf.no_op()
+            with tf.device(shard.host):
+                ops = [
+                    shard.variables[slot].assign(tf.convert_to_tensor(value))
+                    for slot, value in values.items()
+                ]
             with tf.control_dependencies(ops):
                 return tf.no_op()
 
@@ -186,12 +243,14 @@ class EmulatedChip:
             name: str | None = None,
         ) -> Any:
             table = self._table(table_name)
-            start, end = shard_rows(table.vocabulary_size, num_shards, shard_id)
-            values = tuple(
-                table.variables[slot][start:end]
-                for slot in ("parameters",)
-                + engine_rules.SLOT_NAMES[table.kind]
-            )
+            shard = self._shard(table, num_shards, shard_id)
+            with tf.device(shard.host):
+                values = tuple(
+                    shard.variables[slot].read_value()
+                    if shard.rows
+                    else tf.zeros([0, table.dim], tf.float32)
+                    for slot in table.slot_names
+                )
             return values if len(values) > 1 else values[0]
 
         return retrieve
@@ -288,7 +347,7 @@ class EmulatedChip:
             batch.cells.append(cells)
             batch.scales.append(scale)
             ids = checked_ids(batch.ids[index], table)
-            rows = tf.gather(table.variables["parameters"], ids)
+            rows = gather_rows(table, ids)
             num_cells = cells_in(shape)
             combined = tf.math.unsorted_segment_sum(
                 rows * scale[:, tf.newaxis], cells, num_cells
