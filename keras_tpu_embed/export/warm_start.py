@@ -264,6 +264,12 @@ class _EngineRows:
         self.shape = load.rows.shape
 
     def __getitem__(self, rows: slice) -> np.ndarray:
+        # Eager even when asked inside a trace: a SparseCore engine builds
+        # its tables at its first step, which `fit` or `predict` traces.
+        with tf.init_scope():
+            return self._read(rows)
+
+    def _read(self, rows: slice) -> np.ndarray:
         start, stop, _ = rows.indices(self.shape[0])
         load = self._load
         result = np.empty((max(stop - start, 0), self.shape[1]), np.float32)

@@ -59,14 +59,11 @@ def dataset(vocabulary):
 
 
 def tables(model):
-    """Every table and slot by its checkpoint name (the engine's read from
-    the chip, SparseCore's unstacked)."""
-    return {
-        name: np.asarray(
-            variable.read() if hasattr(variable, "read") else variable
-        )
-        for name, variable in kte.engine_checkpoint(model).named_variables()
-    }
+    """Every table and slot by its checkpoint name: read through the
+    engine as a save reads them (SparseCore's unstacked), or the layer's."""
+    if model.get_layer("embed").engine is not None:
+        return models.engine_tables(model)
+    return models.local_values(model)
 
 
 def fit(strategy, make_initializer, shape):
