@@ -34,9 +34,29 @@ W = workloads
 
 OURS = ("kte_cpu", "kte_cpu_xla")
 PEER = "keras_embedding_xla"
+ANSWER_TOLERANCE = 1e-4
+"""Largest |difference| from the peer's answer (logits) that still counts
+as the same model."""
+
+
+def same_weights(source: keras.Model, target: keras.Model) -> None:
+    """Gives the peer's model `target` the tables and dense weights of our
+    `source`, so that the exports timed against each other compute one
+    function (their answers are compared before any timing)."""
+    layer = source.get_layer("criteo")
+    for spec in layer.local_table_specs:
+        target.get_layer(f"{spec.name}_table").set_weights(
+            [layer.table_variable(spec.name).numpy()]
+        )
+    ours = [x for x in source.layers if isinstance(x, keras.layers.Dense)]
+    theirs = [x for x in target.layers if isinstance(x, keras.layers.Dense)]
+    assert len(ours) == len(theirs), (len(ours), len(theirs))
+    for mine, peer in zip(ours, theirs, strict=True):
+        peer.set_weights(mine.get_weights())
 
 
 def export_kte(spec: W.CriteoWorkload, path: str, jit: bool = False) -> None:
+    keras.utils.set_random_seed(W.SEED)
     model = kte_model(spec, "cpu")
     kte.export_saved_model(
         model,
@@ -49,7 +69,10 @@ def export_kte(spec: W.CriteoWorkload, path: str, jit: bool = False) -> None:
 
 
 def export_keras(spec: W.CriteoWorkload, path: str) -> None:
+    keras.utils.set_random_seed(W.SEED)
+    source = kte_model(spec, "cpu")
     model = keras_model(spec, jit=True)
+    same_weights(source, model)
     signature = {
         name: tf.TensorSpec([None, 1], tf.int64, name=name)
         for name in spec.features()
@@ -95,9 +118,23 @@ def serving_latency(
         batch = {k: v[:size] for k, v in features.items()}
         times: dict[str, list[float]] = {n: [] for n in served}
         medians: dict[str, list[float]] = {n: [] for n in served}
-        for call in served.values():
+        answers = {}
+        for name, call in served.items():
             for _ in range(3):
-                call(**batch)
+                (answer,) = call(**batch).values()
+                answers[name] = answer.numpy()
+        # Speed never changes an answer: exports that disagree are not
+        # compared (float32; XLA may reorder sums, hence not bit for bit).
+        differences = {
+            name: float(np.max(np.abs(answers[name] - answers[PEER])))
+            for name in OURS
+        }
+        if max(differences.values()) > ANSWER_TOLERANCE:
+            raise AssertionError(
+                f"batch {size}: the exports disagree with the peer's "
+                f"(max |difference| by export: {differences}); their "
+                "times would compare different models."
+            )
         names = list(served)
         count = calls if size < 4096 else max(calls // 4, 3)
         for index in range(rounds):
@@ -117,6 +154,7 @@ def serving_latency(
             }
             for name in names
         }
+        results[str(size)]["max_difference"] = differences
         results[str(size)]["x_peer"] = {
             name: statistics.median(
                 p / o for p, o in zip(medians[PEER], medians[name])
