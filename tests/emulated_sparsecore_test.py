@@ -7,6 +7,7 @@ kernels are checked alone in `sparsecore_kernels_test.py`,
 
 import pytest
 
+from tests.emulated_tpu_test import sparsecore_files
 from tests.emulated_tpu_test import suite_passes
 
 
@@ -16,10 +17,4 @@ def test_emulated_sparsecore_suite_passes():
     configured before TensorFlow starts) in a process of their own, apart
     from the V1 half (`emulated_tpu_test.py`) so that the test workers can
     share them."""
-    suite_passes(
-        "tests/emulated/sparsecore_chip_test.py",
-        "tests/emulated/sparsecore_training_test.py",
-        "tests/emulated/sparsecore_checkpoint_test.py",
-        "tests/emulated/sparsecore_keras_rs_test.py",
-        "tests/emulated/sparsecore_buffers_test.py",
-    )
+    suite_passes(*sparsecore_files())
