@@ -164,9 +164,57 @@ def _tf_kernel_step(name, opt, w, slots, g, lr):
             epsilon=c(0.0),
             grad=g,
         )
+    elif name == "AdagradMomentum":
+        # The scaled gradient g / sqrt(acc + eps) from TF's kernels on a zero
+        # variable stepped at lr -1: Adagrad's when beta2 == 1 (eps added to
+        # the accumulator before and taken out after, as Adagrad's kernel has
+        # eps outside the root), RMSProp's (eps inside) otherwise; then TF's
+        # momentum kernel, Nesterov's too. Exponent 2 only.
+        assert opt.exponent == 2
+        scaled = tf.Variable(tf.zeros_like(w))
+        acc = state["accumulators"]
+        if opt.beta2 == 1:
+            acc.assign_add(tf.fill(w.shape, c(opt.epsilon)))
+            raw.ResourceApplyAdagradV2(
+                var=scaled.handle,
+                accum=acc.handle,
+                lr=c(-1.0),
+                epsilon=c(0.0),
+                grad=g,
+            )
+            acc.assign_sub(tf.fill(w.shape, c(opt.epsilon)))
+        else:
+            unused = tf.Variable(tf.zeros_like(w))
+            raw.ResourceApplyRMSProp(
+                var=scaled.handle,
+                ms=acc.handle,
+                mom=unused.handle,
+                lr=c(-1.0),
+                rho=c(opt.beta2),
+                momentum=c(0.0),
+                epsilon=c(opt.epsilon),
+                grad=g,
+            )
+        raw.ResourceApplyMomentum(
+            var=var.handle,
+            accum=state["momenta"].handle,
+            lr=c(lr),
+            grad=scaled.read_value(),
+            momentum=c(opt.momentum),
+            use_nesterov=opt.use_nesterov,
+        )
     elif name == "Adam":
         # beta powers of 0: TF's bias correction factor is exactly 1, the
-        # engine's Adam has none.
+        # engine's Adam has none. With the sum inside the root,
+        # m / sqrt(v + eps^2) is TF's m / (sqrt(v') + 0) for v' = v + eps^2:
+        # the velocity goes in raised by eps^2 / beta2 (so that beta2 * v'
+        # carries eps^2) and comes out lowered by eps^2.
+        inside = opt.sum_inside_sqrt
+        raised = opt.epsilon**2
+        if inside:
+            state["velocities"].assign_add(
+                tf.fill(w.shape, c(raised / opt.beta_2))
+            )
         raw.ResourceApplyAdam(
             var=var.handle,
             m=state["momenta"].handle,
@@ -176,9 +224,11 @@ def _tf_kernel_step(name, opt, w, slots, g, lr):
             lr=c(lr),
             beta1=c(opt.beta_1),
             beta2=c(opt.beta_2),
-            epsilon=c(opt.epsilon),
+            epsilon=c(0.0 if inside else opt.epsilon),
             grad=g,
         )
+        if inside:
+            state["velocities"].assign_sub(tf.fill(w.shape, c(raised)))
     else:
         raw.ResourceApplyFtrlV2(
             var=var.handle,
@@ -187,7 +237,10 @@ def _tf_kernel_step(name, opt, w, slots, g, lr):
             grad=g,
             lr=c(lr),
             l1=c(opt.l1_regularization_strength),
-            l2=c(opt.l2_regularization_strength),
+            # The engine's beta adds beta / lr to the kernel's quadratic
+            # term 1 / lr * accum^-p + 2 * l2 (times lr for
+            # multiply_linear_by_lr): an l2 larger by beta / (2 * lr).
+            l2=c(opt.l2_regularization_strength + opt.beta / (2 * lr)),
             l2_shrinkage=c(0.0),
             lr_power=c(opt.learning_rate_power),
             multiply_linear_by_lr=opt.multiply_linear_by_learning_rate,
@@ -195,9 +248,9 @@ def _tf_kernel_step(name, opt, w, slots, g, lr):
     return var.numpy(), {k: v.numpy() for k, v in state.items()}
 
 
-# Where the engine's formulas and TF's kernels are the same maths: no
-# weight decay or clipping (TF's kernels have none), Adagrad without
-# epsilon, Adam's epsilon outside the square root, FTRL without beta.
+# Every variant whose maths a TF kernel has (see `_tf_kernel_step` for the
+# rewrites). Not anchored, as TF has no kernel for them: weight decay,
+# gradient and weight clipping, AdagradMomentum's exponent other than 2.
 KERNEL_CASES = {
     "sgd": kte.optimizers.SGD(0.3),
     "adagrad": kte.optimizers.Adagrad(0.4, initial_accumulator_value=0.2),
@@ -210,6 +263,32 @@ KERNEL_CASES = {
         l1_regularization_strength=0.3,
         l2_regularization_strength=0.1,
         initial_accumulator_value=0.2,
+    ),
+    "adam_sum_inside_sqrt": kte.optimizers.Adam(
+        0.1, beta_1=0.8, beta_2=0.95, epsilon=0.3, sum_inside_sqrt=True
+    ),
+    "adagrad_momentum": kte.optimizers.AdagradMomentum(
+        0.2, momentum=0.7, epsilon=0.05
+    ),
+    "adagrad_momentum_nesterov": kte.optimizers.AdagradMomentum(
+        0.2, momentum=0.6, use_nesterov=True
+    ),
+    "adagrad_momentum_beta2": kte.optimizers.AdagradMomentum(
+        0.2, momentum=0.5, beta2=0.9, epsilon=0.01, use_nesterov=True
+    ),
+    "ftrl_beta": kte.optimizers.FTRL(
+        0.5,
+        learning_rate_power=-0.5,
+        l1_regularization_strength=0.2,
+        l2_regularization_strength=0.1,
+        beta=0.7,
+    ),
+    "ftrl_beta_linear_by_lr": kte.optimizers.FTRL(
+        0.5,
+        l1_regularization_strength=0.2,
+        l2_regularization_strength=0.05,
+        beta=0.4,
+        multiply_linear_by_learning_rate=True,
     ),
     "ftrl_linear_by_lr": kte.optimizers.FTRL(
         0.5,
