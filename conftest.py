@@ -24,9 +24,11 @@ collect_ignore = ["tests/emulated", "tests/emulated_hosts"]
 # other test, and every doctest, is marked `fast`: `pytest -q -m fast -n 2`
 # is the change-test loop (under a minute).
 SLOW_FILES = (
-    "emulated_tpu_test.py",  # ~300, subprocesses: tests/emulated (V1)
-    #   and tests/emulated_hosts
-    "emulated_sparsecore_test.py",  # ~200, a subprocess: V2
+    # Subprocesses, one per test file so that the workers share them:
+    "emulated_pod_test.py",  # tests/emulated_hosts
+    "emulated_tpu_test.py",  # tests/emulated, engine files, first half
+    "emulated_engine_test.py",  # the second half
+    "emulated_sparsecore_test.py",  # the SparseCore files
     "replicas_test.py",  # 258
     "benchmarks_test.py",  # 130, one module fixture
     "quantization_test.py",  # 97

@@ -1,5 +1,9 @@
 """The emulated-TPU suites pass, each run in its own process.
 
+Four processes: two halves of the engine files (this file and
+`emulated_engine_test.py`), the SparseCore files
+(`emulated_sparsecore_test.py`) and the pod (`emulated_pod_test.py`).
+
 `tests/emulated` splits the CPU into 2 logical devices, which TensorFlow
 allows only before its runtime starts; `tests/emulated_hosts` connects the
 process to a cluster of two in-process TF servers (a pod's two hosts) for
@@ -80,15 +84,24 @@ def test_the_two_halves_run_every_emulated_test_file_once():
     assert "tests/emulated/sparsecore_batch_test.py" in sparsecore_files()
 
 
+def engine_halves():
+    """The engine files in two halves of about equal time (alternate files
+    of the sorted list), one process each, so that the two test workers
+    share them (`--dist loadfile` keeps a file's tests on one worker)."""
+    files = engine_files()
+    return files[0::2], files[1::2]
+
+
+def test_the_engine_halves_run_every_engine_file_once():
+    first, second = engine_halves()
+    assert sorted(first + second) == engine_files()
+    assert first and second
+
+
 @pytest.mark.slow
 def test_emulated_tpu_suite_passes():
-    """The engine (V1) and no-engine TPU tests; SparseCore's run beside
-    them in `emulated_sparsecore_test.py`, so that the two halves
-    can take the two test workers."""
-    suite_passes(*engine_files())
-
-
-@pytest.mark.slow
-def test_emulated_pod_suite_passes():
-    """2 hosts x 2 replicas: `tests/emulated_hosts`."""
-    suite_passes("tests/emulated_hosts")
+    """The engine (V1) and no-engine TPU tests, first half; the second
+    runs in `emulated_engine_test.py`, SparseCore's in
+    `emulated_sparsecore_test.py` and the pod's in `emulated_pod_test.py`,
+    so that the test workers can share them."""
+    suite_passes(*engine_halves()[0])

@@ -28,6 +28,8 @@ CROSS_CUTTING = {
     "benchmarks",  # benchmarks/run.py end to end
     "concurrency",  # a served model under many threads
     "docs",  # the README's and docs/' python blocks run
+    "emulated_engine",  # tests/emulated's engine files, second half
+    "emulated_pod",  # tests/emulated_hosts, the 2-host pod
     "engine_stand_in",  # the TPU stand-in answers as TensorFlow does
     "examples",  # examples/ scripts
     "install",  # the install extras resolve (pip --dry-run)

@@ -3,6 +3,6 @@
 `emulated_tpu(num_replicas=4, num_hosts=2)` connects the process to a
 cluster of two in-process TF servers (the hosts), for the rest of the
 process: so this directory is skipped by the normal run (the root
-`conftest.py`) and run in its own process by `tests/emulated_tpu_test.py`,
+`conftest.py`) and run in its own process by `tests/emulated_pod_test.py`,
 apart from `tests/emulated` (one host on logical CPUs).
 """
