@@ -392,11 +392,19 @@ def sparsecore_build_per_sparse_core(
         if table.optimizer is not None
     }
     originals = {key: opt._slot_initializers for key, opt in optimizers.items()}
-    if hasattr(mid_level, "_initializers_shard_info_by_default"):
+    # TF 2.20 has no such attribute: its sharded variable creator already
+    # asks the slot initializers for each shard's shape, so they are left
+    # as they are there.
+    whole_stack_slots = hasattr(
+        mid_level, "_initializers_shard_info_by_default"
+    )
+    if whole_stack_slots:
         mid_level._initializers_shard_info_by_default = False
     wrapped = []
     try:
         for key, optimizer in optimizers.items():
+            if not whole_stack_slots:
+                break
 
             def per_shard(original: Callable[[], Any] = originals[key]) -> Any:
                 return [_OneShardOf(init, shards) for init in original()]
