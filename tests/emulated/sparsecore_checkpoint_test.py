@@ -185,8 +185,26 @@ def _internal_layout(table, cores):
     rows = -(-table.shape[0] // (8 * cores)) * 8 * cores
     padded = np.zeros([rows, -(-table.shape[1] // 8) * 8], np.float32)
     padded[: table.shape[0], : table.shape[1]] = table
-    internal = tpu_embedding_v3_utils.shard_table(cores, padded).numpy()
+    internal = _shard_table(cores, padded)
     return internal.reshape(cores, rows // cores, padded.shape[1])
+
+
+def _shard_table(cores, padded):
+    """TF's `shard_table` where TF has it (2.21). TF 2.20 has only its
+    inverse, `unshuffle_from_sc_to_cpu`: there the layout is row `i` on
+    SparseCore `i % cores`, checked to be what TF's inverse takes back to
+    the table."""
+    if hasattr(tpu_embedding_v3_utils, "shard_table"):
+        return tpu_embedding_v3_utils.shard_table(cores, padded).numpy()
+    width = padded.shape[1]
+    internal = (
+        padded.reshape(-1, cores, width).transpose(1, 0, 2).reshape(-1, width)
+    )
+    back = tpu_embedding_v3_utils.unshuffle_from_sc_to_cpu(
+        tf.constant(internal), cores, 0, padded.shape[0] // cores
+    )
+    np.testing.assert_array_equal(back.numpy(), padded)
+    return internal
 
 
 def test_sparse_core_checkpoints_move_tables_by_name_both_ways(
