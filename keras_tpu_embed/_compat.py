@@ -84,6 +84,7 @@ from tensorflow.python.feature_column import (  # noqa: E402
 )
 from tensorflow.python.framework import ops as tf_ops  # noqa: E402
 from tensorflow.python.ops import control_flow_ops as tf_control_flow_ops  # noqa: E402
+from tensorflow.python.ops import control_flow_util as tf_control_flow_util  # noqa: E402
 from tensorflow.python.ops import init_ops as tf_init_ops  # noqa: E402
 from tensorflow.python.ops import (  # noqa: E402
     resource_variable_ops as tf_resource_variable_ops,
@@ -216,6 +217,7 @@ __all__ = [
     "tf",
     "keras",
     "tf_control_flow_ops",
+    "tf_control_flow_util",
     "tf_data_distribute",
     "tf_eager_context",
     "tf_distribute_lib",

@@ -17,6 +17,7 @@ from typing import Callable
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_attr_value_pb2
+from keras_tpu_embed._compat import tf_control_flow_util
 from keras_tpu_embed._compat import tf_tpu
 from keras_tpu_embed._compat import tf_tpu_embedding_v2
 from keras_tpu_embed._compat import tf_tpu_embedding_v3
@@ -191,6 +192,21 @@ def mark_tpu_input_identity(op: Any) -> None:
     public API sets an op attribute after its creation.
     """
     op._set_attr("_tpu_input_identity", tf_attr_value_pb2.AttrValue(b=True))
+
+
+def in_xla_compiled_function(graph: Any) -> bool:
+    """Whether `graph` is traced for `tf.function(jit_compile=True)`
+    (`control_flow_util.GraphOrParentsInXlaContext`, which XLA's own
+    lowering asks); no public API says it."""
+    return bool(tf_control_flow_util.GraphOrParentsInXlaContext(graph))
+
+
+def add_control_inputs(op: Any, control_inputs: list[Any]) -> None:
+    """Makes `op` wait for `control_inputs` after its creation
+    (`Operation._add_control_inputs`, `tensorflow/python/framework/ops.py`);
+    `tf.control_dependencies` works only while an op is created, and no
+    public API adds one afterwards."""
+    op._add_control_inputs(control_inputs)
 
 
 def tpu_flatten_and_filter_composite(*args: Any) -> Any:

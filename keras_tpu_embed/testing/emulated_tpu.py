@@ -72,6 +72,8 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_mirrored_strategy as mirrored_strategy
 from keras_tpu_embed._compat import tf_tpu_strategy as tpu_strategy
 from keras_tpu_embed._compat import tf_tpu_util as tpu_util
+from keras_tpu_embed._tf_private import add_control_inputs
+from keras_tpu_embed._tf_private import in_xla_compiled_function
 from keras_tpu_embed._tf_private import tpu_extended_broadcast_output
 from keras_tpu_embed._tf_private import tpu_extended_reduce_to
 from keras_tpu_embed.testing.emulated_chip import EmulatedChip
@@ -161,6 +163,31 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
             return next_creator(**kwargs)
         return super()._create_variable(next_creator, **kwargs)
 
+    def _get_variable_creator_initial_value(
+        self, replica_id: int, device: Any, primary_var: Any, **kwargs: Any
+    ) -> Any:
+        """TPUExtended's rule (`_create_mirrored_tpu_variables` in
+        `tensorflow/python/distribute/tpu_strategy.py`): every replica's copy
+        starts from the value the first replica's was given.
+
+        The mirrored rule this class would inherit reads the first copy
+        inside a `tf.function`, so a variable made in a step (keras-rs
+        builds its tables in the first call) could not be lifted out of it.
+        """
+        value = kwargs["initial_value"]
+        if replica_id > 0 or not callable(value):
+            # After the first replica, `value` is what the first was given
+            # (`_real_mirrored_creator` passes its kwargs on).
+            return value
+        made: list[Any] = []
+
+        def once() -> Any:
+            if not made:
+                made.append(value())
+            return made[0]
+
+        return once
+
     # TF's own: `_reduce_to` below hands it its output.
     _broadcast_output = tpu_extended_broadcast_output
 
@@ -199,22 +226,60 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
             # A TPU program starts once all its inputs exist: when the input
             # iterator is exhausted, none of its ops runs. In a CPU graph an
             # op that does not read the inputs (a counter's assign_add)
-            # would run anyway, so every op waits for the inputs here.
+            # would run anyway, so the step's ops that touch a resource wait
+            # for the inputs. Not those that create a variable: a variable
+            # made in the step (Keras' optimizer builds its slots in the
+            # first one) has its initialization lifted out of the function,
+            # which fails if it waits for the step's inputs; on a TPU it
+            # does not.
             inputs = [
-                value
+                value.op
                 for value in tf.nest.flatten(
                     (args, kwargs), expand_composites=True
                 )
                 if isinstance(value, tf.Tensor)
             ]
-            with tf.control_dependencies(inputs):
-                return fn(*args, **kwargs)
+            graph = tf.compat.v1.get_default_graph()
+            creating: set[Any] = set()
+
+            def note_creation(next_creator: Any, **kwargs: Any) -> Any:
+                before = len(graph.get_operations())
+                variable = next_creator(**kwargs)
+                creating.update(graph.get_operations()[before:])
+                return variable
+
+            existing = len(graph.get_operations())
+            with tf.variable_creator_scope(note_creation):
+                outputs = fn(*args, **kwargs)
+            for op in graph.get_operations()[existing:]:
+                if op not in creating and touches_resource(op):
+                    add_control_inputs(op, inputs)
+            return outputs
 
         if tf.executing_eagerly():
             return self.call_for_each_replica(replica_fn, args, kwargs)
+        if in_xla_compiled_function(tf.compat.v1.get_default_graph()):
+            # XLA on CPU compiles a function for one device; the emulated
+            # cores are several CPU devices, and the chip's ops are host
+            # kernels XLA cannot compile. A TPUStrategy compiles its step
+            # with XLA whatever the caller asks.
+            raise NotImplementedError(
+                "emulated_tpu cannot run strategy.run inside "
+                "tf.function(jit_compile=True): XLA on CPU compiles one "
+                "function for one device, and the emulated TPU's cores and "
+                "embedding engine are CPU devices and host kernels. Drop "
+                "jit_compile=True around strategy.run (a TPUStrategy "
+                "compiles the step with XLA anyway)."
+            )
         padded = pads_inputs(self._num_replicas_in_sync, args, kwargs, options)
         with replicate_context(self._num_replicas_in_sync):
             return self.call_for_each_replica(replica_fn, args, kwargs)
+
+
+def touches_resource(op: Any) -> bool:
+    """Whether `op` reads or writes a variable (or another resource): what a
+    step does that outlives it, and so what must not run without inputs."""
+    return any(value.dtype == tf.resource for value in op.inputs)
 
 
 class EmulatedTPUStrategy(tpu_strategy.TPUStrategyV2):  # type: ignore[misc]
