@@ -101,7 +101,10 @@ def _same_device(a: str, b: str) -> bool:
 class EmulatedChip:
     """The embedding memory and ops of one emulated TPU system."""
 
-    def __init__(self) -> None:
+    def __init__(self, worker_devices: list[str] | None = None) -> None:
+        # The strategy's cores in replica order: an enqueue made outside
+        # the step names its core by host and `device_ordinal` only.
+        self.worker_devices = list(worker_devices or [])
         self.config: config_pb2.TPUEmbeddingConfiguration | None = None
         self.tables: list[ChipTable] = []
         self._enqueued: dict[tuple[int, int, int], Enqueued] = {}
@@ -257,16 +260,51 @@ class EmulatedChip:
 
     # --------------------------------------------------------------- step
 
-    @staticmethod
-    def _replica_key() -> tuple[int, int, int]:
+    def _replica_key(self, device_ordinal: int = -1) -> tuple[int, int, int]:
         """One replica's step: one replicated computation (a TPU program
         run) of a graph. Keras' predict with `steps_per_execution > 1`
-        runs several in one graph, each with its own enqueue."""
-        context = distribute_lib.get_replica_context()
-        replica = replica_index(context)
+        runs several in one graph, each with its own enqueue.
+
+        Outside a step, TF's `enqueue` makes one op per core, each under its
+        core's host with the core's `device_ordinal` (the documented
+        pattern enqueues before `strategy.run`); that op feeds that core.
+        """
         graph = tf.compat.v1.get_default_graph()
-        program = id(tpu_util.enclosing_tpu_context())
-        return id(graph), program, int(replica)
+        program = tpu_util.enclosing_tpu_context()
+        if program is None and device_ordinal >= 0:
+            replica = self._core_on_host(_scope_device(), device_ordinal)
+        else:
+            replica = replica_index(distribute_lib.get_replica_context())
+        return id(graph), id(program), int(replica)
+
+    def _core_on_host(self, host: str, device_ordinal: int) -> int:
+        scope = tf.DeviceSpec.from_string(host)
+        for replica, device in enumerate(self.worker_devices):
+            core = tf.DeviceSpec.from_string(device)
+            # One host's cores may be named without job and task, as a
+            # one-host strategy names them; only what both name must agree.
+            same_host = all(
+                None in (getattr(core, part), getattr(scope, part))
+                or getattr(core, part) == getattr(scope, part)
+                for part in ("job", "replica", "task")
+            )
+            if same_host and core.device_index == device_ordinal:
+                return replica
+        raise RuntimeError(
+            f"emulated chip: an enqueue on {host} for core {device_ordinal}, "
+            f"which is none of the emulated cores {self.worker_devices}"
+        )
+
+    def _step_batch(self, key: tuple[int, int, int], pop: bool) -> Any:
+        """The batch this replica's step reads: enqueued in the step, or
+        before it in the same graph, outside any step."""
+        graph, _, replica = key
+        for candidate in (key, (graph, id(None), replica)):
+            if candidate in self._enqueued:
+                if pop:
+                    return self._enqueued.pop(candidate)
+                return self._enqueued[candidate]
+        return None
 
     def enqueue(
         self,
@@ -298,7 +336,7 @@ class EmulatedChip:
             for w in aggregation_weights
         ]
         with self._lock:
-            key = self._replica_key()
+            key = self._replica_key(device_ordinal)
             if key in self._enqueued:
                 raise RuntimeError(
                     "emulated chip: a second enqueue in one step of one "
@@ -333,8 +371,7 @@ class EmulatedChip:
         config: SerializedConfig = None,
         name: str | None = None,
     ) -> list[Tensor]:
-        key = self._replica_key()
-        batch = self._enqueued.get(key)
+        batch = self._step_batch(self._replica_key(), pop=False)
         if batch is None:
             raise RuntimeError(
                 "emulated chip: dequeue without an enqueue in this step"
@@ -368,8 +405,7 @@ class EmulatedChip:
         name: str | None = None,
     ) -> Any:
         """Row gradients of this replica, applied once for all replicas."""
-        key = self._replica_key()
-        batch = self._enqueued.pop(key, None)
+        batch = self._step_batch(self._replica_key(), pop=True)
         if batch is None or len(batch.cells) != len(inputs):
             raise RuntimeError(
                 "emulated chip: gradients sent without a dequeue in this step"

@@ -407,7 +407,9 @@ def emulated_tpu(
     else:
         devices = cpu_devices(num_replicas)
     chip: EmulatedChip | EmulatedSparseCore = (
-        EmulatedSparseCore() if embedding_feature == "V2" else EmulatedChip()
+        EmulatedSparseCore()
+        if embedding_feature == "V2"
+        else EmulatedChip(worker_devices=devices)
     )
     undo = chip.install()
     try:
