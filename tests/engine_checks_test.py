@@ -118,3 +118,17 @@ def test_static_batch_is_set_in_place_and_checked_when_run():
             tf.errors.InvalidArgumentError, match="per-replica batch differs"
         ):
             step(*wrong)
+
+
+def test_sparse_and_ragged_ids_mix_only_where_the_host_makes_them_sparse():
+    sparse = tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [2, 2])
+    ragged = tf.ragged.constant([[1], [2, 3]], dtype=tf.int64)
+    features = {"tags": sparse, "genres": ragged}
+    engine_checks.check_enqueue_inputs(
+        features, (), made_sparse={"genres", "tags"}
+    )
+    engine_checks.check_enqueue_inputs(features, (), made_sparse={"genres"})
+    with pytest.raises(ValueError) as error:
+        engine_checks.check_enqueue_inputs(features, (), made_sparse=())
+    assert "sparse ['tags']" in str(error.value)
+    assert "ragged ['genres']" in str(error.value)

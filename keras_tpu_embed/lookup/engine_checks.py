@@ -74,7 +74,9 @@ def check_no_sequence_lengths(
 
 
 def check_enqueue_inputs(
-    features: dict[str, Tensor], sequence_features: Collection[str]
+    features: dict[str, Tensor],
+    sequence_features: Collection[str],
+    made_sparse: Collection[str] = (),
 ) -> None:
     """Refuses, at trace time, inputs the engine would answer wrongly.
 
@@ -83,8 +85,13 @@ def check_enqueue_inputs(
     (`TPUEmbedding._get_output_shapes_from_input_shapes`): a dense
     sequence feature would come back combined, `[batch, dim]`, not
     `[batch, max_sequence_length, dim]`. Wider dense ids, `[batch, n]`
-    with n > 1, TF refuses with a message that names no fix. Sparse and
-    ragged ids in one step cannot share the one enqueue of that step.
+    with n > 1, TF refuses with a message that names no fix.
+
+    TF's enqueue takes one of sparse or ragged ids per call (its
+    docstring, `TPUEmbedding.enqueue`), and one enqueue carries every
+    engine feature of a step. The columns' id rules rewrite their
+    features as sparse ids on the host (`made_sparse`,
+    `engine_host_ids.py`), so only the others may not mix.
     """
     for feature, value in features.items():
         shape = value.shape if isinstance(value, tf.Tensor) else None
@@ -114,13 +121,12 @@ def check_enqueue_inputs(
                 "dim]. Feed it as a tf.SparseTensor or tf.RaggedTensor "
                 "(kte.FeaturePreprocessor outputs sparse ids)."
             )
-    # The enqueue op takes sample indices (sparse) or row splits (ragged)
-    # for all its features; one enqueue carries every engine feature.
+    as_given = {f: v for f, v in features.items() if f not in made_sparse}
     sparse = sorted(
-        f for f, v in features.items() if isinstance(v, tf.SparseTensor)
+        f for f, v in as_given.items() if isinstance(v, tf.SparseTensor)
     )
     ragged = sorted(
-        f for f, v in features.items() if isinstance(v, tf.RaggedTensor)
+        f for f, v in as_given.items() if isinstance(v, tf.RaggedTensor)
     )
     if sparse and ragged:
         raise ValueError(

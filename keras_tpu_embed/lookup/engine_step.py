@@ -174,7 +174,9 @@ class EngineStep(EngineVariables):
                     )
                 features[feature] = inputs[ids_key]
                 weights[feature] = inputs[weights_key] if weights_key else None
-        engine_checks.check_enqueue_inputs(features, self._sequence_features)
+        engine_checks.check_enqueue_inputs(
+            features, self._sequence_features, made_sparse=self._host_rules
+        )
         batch = self._batch_size
         if batch is None:
             batch = self.dataset_batch()

@@ -326,6 +326,9 @@ class EmulatedChip:
             else:
                 kinds.append("ragged")
         if "sparse" in kinds and "ragged" in kinds:
+            # TF's `TPUEmbedding.enqueue` docstring: "Only one type out of
+            # `tf.SparseTensor` or `tf.RaggedTensor` is supported per call";
+            # no TF code checks it before the op.
             raise ValueError(
                 "emulated chip: one enqueue mixes SparseTensor and "
                 "RaggedTensor features; the TPU embedding enqueue takes "

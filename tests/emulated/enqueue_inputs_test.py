@@ -2,9 +2,11 @@
 
 TF's enqueue (`enqueue_tpu_embedding_arbitrary_tensor_batch`) takes its
 sparse ids as sample indices and its ragged ids as row splits, one kind
-per call; the layers enqueue every engine feature of a step in one call.
-It takes only direct inputs of the step, which TPUStrategy's dynamic
-padding takes from dense inputs, and only ids on the host.
+per call (`TPUEmbedding.enqueue`'s docstring); the layers enqueue every
+engine feature of a step in one call, each as sparse ids (the columns' id
+rules, applied on the host). It takes only direct inputs of the step,
+which TPUStrategy's dynamic padding takes from dense inputs, and only ids
+on the host.
 """
 
 import keras
@@ -33,7 +35,14 @@ def _mixed_model():
             (None,), dtype="int64", name="genres", ragged=True
         ),
     }
-    embedded = kte.TPUEmbeddingLayer(columns, name="embed")(inputs)
+    config = kte.EmbeddingConfig(
+        optimizer=kte.optimizers.Adagrad(0.3),
+        # SparseCore sizes its buffers from it; ragged ids do not say it.
+        max_ids_per_example={"genres_embedding": 3},
+    )
+    embedded = kte.TPUEmbeddingLayer(columns, config=config, name="embed")(
+        inputs
+    )
     joined = keras.layers.Concatenate()(
         [embedded["tags_embedding"], embedded["genres_embedding"]]
     )
@@ -43,26 +52,36 @@ def _mixed_model():
 
 
 def _mixed_examples():
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 4, 2 * ROWS)
     ids = tf.RaggedTensor.from_row_lengths(
-        np.arange(2 * ROWS, dtype=np.int64) % 20, [2] * ROWS
+        rng.integers(0, 20, lengths.sum()), lengths
     )
-    features = {"tags": ids.to_sparse(), "genres": ids}
-    return tf.data.Dataset.from_tensor_slices(
-        (features, np.zeros((ROWS, 1), np.float32))
-    )
+    features = {"tags": ids.to_sparse(), "genres": ids[::-1]}
+    labels = rng.normal(size=(2 * ROWS, 1)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices((features, labels))
 
 
-def test_sparse_and_ragged_ids_in_one_step_are_refused_with_the_fix():
-    with emulated_tpu(2) as strategy:
-        with strategy.scope():
-            model = _mixed_model()
-        batches = kte.distribute_dataset(strategy, _mixed_examples(), 4)
-        with pytest.raises(ValueError) as error:
-            model.fit(batches, verbose=0)
-    message = str(error.value)
-    assert "sparse ['tags_embedding']" in message
-    assert "ragged ['genres_embedding']" in message
-    assert "sparse=True" in message
+def _fit_mixed(strategy):
+    keras.utils.set_random_seed(models.SEED)
+    with strategy.scope():
+        model = _mixed_model()
+    # 4 per replica: SparseCore splits a replica's samples over its 4 cores.
+    batches = kte.distribute_dataset(strategy, _mixed_examples(), 8)
+    model.fit(batches, epochs=2, verbose=0)
+    return model
+
+
+@pytest.mark.parametrize("feature", ["V1", "V2"])
+def test_sparse_and_ragged_ids_in_one_step_train_as_one_device(feature):
+    """TF's `TPUEmbedding.enqueue` takes one of sparse or ragged ids per
+    call (its docstring; the op's sample indices or row splits). The
+    columns' id rules enqueue every feature as sparse ids on the host
+    (`engine_host_ids.py`), so a step may mix them, as on one device."""
+    expected = models.local_values(_fit_mixed(tf.distribute.get_strategy()))
+    with emulated_tpu(2, embedding_feature=feature) as strategy:
+        actual = models.engine_tables(_fit_mixed(strategy))
+    models.assert_values_equal(actual, expected)
 
 
 def test_dense_ids_padded_by_dynamic_padding_are_refused_with_the_fix():
