@@ -228,11 +228,12 @@ def sort_coo(
             max_ids_per_sparse_core is not None
             and id_count[shard] > max_ids_per_sparse_core
         ):
+            # TF's words (`SortListOfSparseCoreCooTensorsOp`,
+            # tensorflow/core/tpu/kernels/sparse_core_preprocess_ops.cc).
             raise SparseCoreError(
                 f"Sparse core {shard} gets {id_count[shard]} ids while the "
                 f"max ids per sparse core is set to be "
-                f"{max_ids_per_sparse_core} for table {table_name}. Raise "
-                "SparseCoreEmbeddingConfig(max_ids_per_table=...)."
+                f"{max_ids_per_sparse_core} for table {table_name}"
             )
         if (
             max_unique_ids_per_sparse_core is not None
@@ -241,9 +242,7 @@ def sort_coo(
             raise SparseCoreError(
                 f"Sparse core {shard} gets {unique_count[shard]} unique ids "
                 "while the max unique ids per sparse core is set to be "
-                f"{max_unique_ids_per_sparse_core} for table {table_name}. "
-                "Raise SparseCoreEmbeddingConfig(max_unique_ids_per_table="
-                "...)."
+                f"{max_unique_ids_per_sparse_core} for table {table_name}"
             )
     all_rows = np.concatenate([g[0] for g in groups]) if groups else all_cols
     all_gains = (
@@ -284,7 +283,7 @@ def csr_wrap(
     if max_ids % PAD_SIZE:
         raise SparseCoreError(
             f"The max_ids_per_chip is set to be {max_ids} which is not "
-            f"divisible by the xla_pad_size {PAD_SIZE}."
+            f"divisible by the xla_pad_size {PAD_SIZE} ."
         )
     pointers_per_sc = round_up(shards, PAD_SIZE)
     row_pointers = np.zeros(
@@ -309,13 +308,13 @@ def csr_wrap(
             take = end - start
             if position + take > max_ids:
                 if not allow_id_dropping:
+                    # TF's words (`ConvertToSparseCoreCsrWrappedCooTensorOp`,
+                    # sparse_core_preprocess_ops.cc), without minibatching.
                     raise SparseCoreError(
                         f"The max_ids_per_chip is set to be {max_ids} which "
                         "is not going to fit all ids. The remaining id "
-                        f"count is {total - packed} (table {table_name}). "
-                        "Raise SparseCoreEmbeddingConfig("
-                        "max_ids_per_chip_per_sample=...) or set "
-                        "allow_id_dropping=True."
+                        f"count is {total - packed} . Please consider "
+                        "setting the allow_id_dropping to be true. "
                     )
                 take = max_ids - position
             span = slice(position, position + take)
