@@ -1,8 +1,10 @@
-"""What `tpu.replicate` does around a step, as the emulation does it."""
+"""What `tpu.replicate` does around a step, as the emulation does it,
+checked against TF's own `tpu.replicate` where it can be traced on CPU."""
 
 import tensorflow as tf
 from tensorflow.python.distribute import values
 
+from keras_tpu_embed._compat import tf_tpu
 from keras_tpu_embed._compat import tf_tpu_util
 from keras_tpu_embed.testing import emulated_replication as replication
 
@@ -32,12 +34,51 @@ def _step_inputs(padded):
     return marks
 
 
+def _tfs_step_inputs(padded):
+    """The marks TF's own `tpu.replicate` gives the same inputs, traced
+    (never run) on CPU. With `padded`, it is given the maximum shapes
+    `TPUExtended._tpu_function_creator` (`tpu_strategy.py`) passes under a
+    dynamic batch size: `[None] * rank` for every input."""
+    marks = {}
+
+    @tf.function
+    def step(dense, sparse):
+        def computation(inputs):
+            marks["dense"] = _marked(inputs["dense"])
+            marks["sparse"] = [
+                _marked(inputs["sparse"].indices),
+                _marked(inputs["sparse"].values),
+            ]
+            return []
+
+        replica = [{"dense": dense, "sparse": sparse}]
+        maximum_shapes = None
+        if padded:
+            maximum_shapes = tf.nest.pack_sequence_as(
+                replica,
+                [
+                    tf.TensorShape([None] * value.shape.rank)
+                    for value in tf.nest.flatten(replica)
+                ],
+            )
+        tf_tpu.replicate(
+            computation, [replica, replica], maximum_shapes=maximum_shapes
+        )
+
+    step.get_concrete_function(
+        tf.TensorSpec([None, 3]), tf.SparseTensorSpec([None, 2], tf.int32)
+    )
+    return marks
+
+
 def test_every_input_is_a_direct_input_without_padding():
     assert _step_inputs(padded=False) == {"dense": True, "sparse": [True] * 2}
+    assert _step_inputs(padded=False) == _tfs_step_inputs(padded=False)
 
 
 def test_padding_takes_the_mark_of_dense_inputs_only():
     assert _step_inputs(padded=True) == {"dense": False, "sparse": [True] * 2}
+    assert _step_inputs(padded=True) == _tfs_step_inputs(padded=True)
 
 
 def test_replicate_context_is_the_tpu_context_of_the_graph():
