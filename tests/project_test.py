@@ -89,23 +89,23 @@ def test_ci_runs_the_suite_and_tfs_own_code_on_both_versions():
     assert "'.[cpu,dev]'" in test_command.splitlines()[1]
     assert "'tf-keras~=2.21.0'" in test_command.splitlines()[1]
     # Step 2: TensorFlow 2.20 in a second virtualenv, the files that only
-    # another TensorFlow can break: TF's private fields and TF's TPU code
-    # under the emulation; each file exists.
+    # another TensorFlow can break: TF's private fields, the SparseCore
+    # suite and a V1 engine smoke under the emulation; each file exists.
     assert "'tensorflow-cpu==2.20.*'" in ci
     assert "'tf-keras~=2.20.0'" in ci
-    step2 = re.search(
-        r"\.venv220/bin/python -m pytest -q -n 2 --dist loadfile "
-        r"((?:tests/\S+_test\.py ?)+)",
+    runs = re.findall(
+        r"\.venv220/bin/python -m pytest -q (?:-n 2 --dist loadfile|"
+        r"-p no:xdist) ((?:tests/\S+_test\.py ?)+)",
         ci,
     )
-    assert step2, ci
-    files = step2.group(1).split()
+    assert len(runs) == 2, ci
+    files = [name for run in runs for name in run.split()]
     assert {
         "tests/_tf_private_test.py",
         "tests/_compat_test.py",
-        "tests/emulated_tpu_test.py",
-        "tests/emulated_engine_test.py",
         "tests/emulated_sparsecore_test.py",
+        "tests/emulated/training_test.py",
+        "tests/emulated/engine_checkpoint_test.py",
     } <= set(files)
     assert all((ROOT / name).is_file() for name in files)
     # CI sets CI, so the network tests fail there instead of skipping.
