@@ -114,3 +114,28 @@ def test_tf_tpu_embedding_runs_on_the_emulated_chip(tmp_path):
     # One host: each table is one shard of all its rows, on the host.
     host = "/job:localhost/replica:0/task:0/device:CPU:0"
     assert got["shards"] == {"s": [[host, 0, 8]], "m": [[host, 0, 8]]}
+
+
+def test_tfs_enqueue_op_checks_nothing_the_chip_could_be_anchored_to():
+    """Why the chip's enqueue rules are not checked against TF's op: its
+    registered shape function (`EnqueueTPUEmbeddingArbitraryTensorBatch`,
+    traced on CPU) accepts ids of rank 2, sample indices of rank 3 and
+    weights that match no id. The rules live in TF's Python, which runs
+    under the emulation, and in the chip, which only a TPU has. Should TF
+    ever check them, this fails and the chip can be anchored there."""
+    import tensorflow as tf
+    from tensorflow.python.tpu.ops import tpu_ops
+
+    # (sample indices or row splits, ids, weights): shapes
+    wrong = [([0], [4, 2], [0]), ([3, 2, 2], [4], [0]), ([0], [4], [3])]
+    with tf.Graph().as_default():
+        for positions, ids, weights in wrong:
+            op = tpu_ops.enqueue_tpu_embedding_arbitrary_tensor_batch(
+                sample_indices_or_row_splits=[tf.zeros(positions, tf.int32)],
+                embedding_indices=[tf.zeros(ids, tf.int32)],
+                aggregation_weights=[tf.zeros(weights, tf.float32)],
+                mode_override="train",
+                device_ordinal=0,
+                combiners=["sum"],
+            )
+            assert op.type == "EnqueueTPUEmbeddingArbitraryTensorBatch"
