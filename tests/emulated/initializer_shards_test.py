@@ -1,4 +1,5 @@
-"""Initializers on the emulated TPU (2 replicas on one host): V1 and V2.
+"""Initializers on the emulated TPU (2 replicas on one host), every kind of
+its hardware: V1, V2 and a TPU without an engine.
 
 The engine makes its tables with TensorFlow's own code: V1's
 `TPUEmbedding` calls the table's initializer per host shard inside
@@ -6,6 +7,8 @@ Keras' first step, SparseCore (`TPUEmbeddingV2`) per device shard inside a
 `tf.function` of its own. The cases cross the generated initializer kinds
 (`tests/initializer_cases.py`) with both engines.
 """
+
+import typing
 
 import keras
 import numpy as np
@@ -15,10 +18,13 @@ import tensorflow as tf
 import keras_tpu_embed as kte
 from keras_tpu_embed.lookup import initialization
 from keras_tpu_embed.testing import emulated_tpu
+from keras_tpu_embed.testing.emulated_tpu import EmbeddingFeature
 from tests import initializer_cases as cases
 from tests.emulated import models
 
-FEATURES = ("V1", "V2")
+# Every hardware kind of the emulation, generated: V1, V2 (SparseCore) and
+# a TPU without an engine (tensor-core lookups, tables the layer's own).
+FEATURES = typing.get_args(EmbeddingFeature)
 STEPS = 3
 # Shapes SparseCore's stacking does not pad (rows a multiple of 8 x its 8
 # SparseCores, a dimension a multiple of 8): a padded table asks its
@@ -32,6 +38,8 @@ def build(initializer, shape):
         kte.categorical_column_with_identity("item", shape[0]),
         shape[1],
         initializer=initializer,
+        # Where the TPU has no engine: one id per example on the tensor core.
+        tensor_core_shape=[None, 1],
     )
     inputs = {
         "item": keras.Input((None,), dtype="int64", sparse=True, name="item")
@@ -71,10 +79,18 @@ def fit(strategy, make_initializer, shape):
     with strategy.scope():
         model = build(make_initializer(shape), shape)
     batches = kte.distribute_dataset(
-        strategy, dataset(shape[0]), models.GLOBAL_BATCH
+        strategy,
+        dataset(shape[0]),
+        models.GLOBAL_BATCH,
+        columns=model.get_layer("embed").columns,
     )
     model.fit(batches, epochs=1, verbose=0)
     return model
+
+
+def assert_engine_as_the_hardware_has(model, feature):
+    has_engine = model.get_layer("embed").engine is not None
+    assert has_engine == (feature != "UNSUPPORTED"), feature
 
 
 CONSTANTS = {
@@ -93,7 +109,7 @@ def test_constant_tables_train_like_one_device(name, feature):
     shape = SHAPE
     with emulated_tpu(2, embedding_feature=feature) as strategy:
         model = fit(strategy, CONSTANTS[name], shape)
-        assert model.get_layer("embed").engine is not None
+        assert_engine_as_the_hardware_has(model, feature)
         trained = tables(model)
     reference = fit(tf.distribute.get_strategy(), CONSTANTS[name], shape)
     models.assert_values_equal(trained, tables(reference))
@@ -113,9 +129,12 @@ def test_pretrained_tables_start_from_their_matrix(name, feature):
         with strategy.scope():
             model = build(cases.PRETRAINED[name](shape), shape)
         once = kte.distribute_dataset(
-            strategy, dataset(shape[0]).take(8), models.GLOBAL_BATCH
+            strategy,
+            dataset(shape[0]).take(8),
+            models.GLOBAL_BATCH,
+            columns=model.get_layer("embed").columns,
         )
         model.predict(once, verbose=0)
-        assert model.get_layer("embed").engine is not None
+        assert_engine_as_the_hardware_has(model, feature)
         table = tables(model)["item"]
     np.testing.assert_array_equal(table, cases.pretrained_values(name, shape))
