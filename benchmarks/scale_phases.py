@@ -79,6 +79,16 @@ def table_shapes(table_mib: float) -> dict[str, tuple[int, int]]:
     return {"user": (rows, DIM), "item": (rows // 2, 2 * DIM)}
 
 
+def tables_measured(table_mib: float) -> dict[str, Any]:
+    """What a result says of its tables: each shape, and the largest's
+    float32 bytes (what the host ratios divide by)."""
+    shapes = table_shapes(table_mib)
+    return {
+        "tables": {name: list(shape) for name, shape in shapes.items()},
+        "table_bytes": max(rows * dim * 4 for rows, dim in shapes.values()),
+    }
+
+
 # ---------------------------------------------------------------- memory
 
 
@@ -372,14 +382,7 @@ def run_phases(args: argparse.Namespace) -> dict[str, Any]:
         "feature": args.feature,
         "hosts": args.hosts,
         "replicas": replicas,
-        "tables": {
-            name: list(shape)
-            for name, shape in table_shapes(args.table_mib).items()
-        },
-        "table_bytes": max(
-            rows * dim * 4
-            for rows, dim in table_shapes(args.table_mib).values()
-        ),
+        **tables_measured(args.table_mib),
         "phases": {},
     }
     with emulated_tpu(
@@ -455,14 +458,7 @@ def run_reference(args: argparse.Namespace) -> dict[str, Any]:
         "feature": "TF",
         "hosts": args.hosts,
         "replicas": replicas,
-        "tables": {
-            name: list(shape)
-            for name, shape in table_shapes(args.table_mib).items()
-        },
-        "table_bytes": max(
-            rows * dim * 4
-            for rows, dim in table_shapes(args.table_mib).values()
-        ),
+        **tables_measured(args.table_mib),
         "baseline": baseline,
         "state": state,
         "phases": measured_phases,

@@ -242,28 +242,28 @@ def test_inputs_of_other_batch_sizes_are_refused_naming_each(
         )
 
 
-def test_a_numeric_input_of_another_batch_size_is_refused(tmp_path):
-    # Read by the layers after the lookups only, it reached a Concatenate
-    # that failed naming no input; those layers now wait for the check.
+# Each reached a layer or a program that failed naming no input: `x`, read
+# by the layers after the lookups only, a Concatenate (those layers now
+# wait for the check); `tags_weight`, whose ids and weights met in the
+# program, XLA's compile.
+@pytest.mark.parametrize(
+    ("feature", "rows", "named"),
+    [
+        (
+            "x",
+            2,
+            r", .{1,2}x.{1,2} must each hold one row per example(.|\n)*"
+            r"in that order:\] \[3 3 3 3 2\]",
+        ),
+        ("tags_weight", 4, r"tags_weight(.|\n)*in that order:\] \[3 3 3 4 3\]"),
+    ],
+)
+def test_an_input_of_another_batch_size_is_refused(
+    tmp_path, feature, rows, named
+):
     serve = _export(_model(), tmp_path)
-    features = dict(_features(3), x=_features(2)["x"])
-    with pytest.raises(
-        tf.errors.InvalidArgumentError,
-        match=r", .{1,2}x.{1,2} must each hold one row per example(.|\n)*"
-        r"in that order:\] \[3 3 3 3 2\]",
-    ):
-        serve(**features)
-
-
-def test_a_weight_feature_of_another_batch_size_is_refused(tmp_path):
-    # Its ids and weights met in the program, which XLA failed to compile
-    # naming no input.
-    serve = _export(_model(), tmp_path)
-    features = dict(_features(3), tags_weight=_features(4)["tags_weight"])
-    with pytest.raises(
-        tf.errors.InvalidArgumentError,
-        match=r"tags_weight(.|\n)*in that order:\] \[3 3 3 4 3\]",
-    ):
+    features = dict(_features(3), **{feature: _features(rows)[feature]})
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named):
         serve(**features)
 
 
