@@ -1,8 +1,9 @@
 """Training under `MirroredStrategy`: N replicas make one device's update.
 
 Two logical CPU devices stand in for two GPUs: they must be configured
-before TensorFlow initializes, so each case runs in a fresh process. They
-share this machine's cores, so these tests prove the numbers, not a speed-up.
+before TensorFlow initializes, so the cases run in a fresh process, one for
+all of them (a module fixture). They share this machine's cores, so these
+tests prove the numbers, not a speed-up.
 """
 
 import json
@@ -32,244 +33,299 @@ tf.config.set_logical_device_configuration(
 import keras
 import keras_tpu_embed as kte
 
-optimizer_name, path, form, loop = sys.argv[1:5]
-OPTIMIZERS = {
-    "sgd": lambda: kte.optimizers.SGD(0.3, weight_decay_factor=0.01),
-    "adagrad": lambda: kte.optimizers.Adagrad(0.4, clipvalue=0.5),
-    "adam": lambda: kte.optimizers.Adam(0.1, beta_1=0.8, epsilon=1e-3),
-    # Non-lazy: every row moves each step, a dense update of each copy.
-    "adam_dense": lambda: kte.optimizers.Adam(0.05, lazy_adam=False),
-    "ftrl": lambda: kte.optimizers.FTRL(
-        0.5, l1_regularization_strength=0.01, l2_regularization_strength=0.1
-    ),
-}
-device = "tpu_tensor_core" if path == "tensor_core" else None
-rng = np.random.default_rng(0)
-# "short": a last batch of 3, which Keras splits 2 + 1 over the replicas.
-N, BATCH, VOCAB = 35 if form == "short" else 32, 8, 12
+# One strategy for every scenario: each MirroredStrategy numbers its
+# collectives from the same keys, so a second one's all-gather would meet
+# the first's in the runtime ("Shape mismatch in the collective instance").
+MIRRORED = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 
 
-def padded(width, low=-1):
-    return rng.integers(low, VOCAB, size=(N, width)).astype(np.int64)
-
-
-features = {
-    "item": padded(2),
-    "hist": padded(3),
-    "tag": padded(2),
-    "tag_w": rng.uniform(0.5, 2.0, size=(N, 2)).astype(np.float32),
-}
-labels = rng.normal(size=(N, 1)).astype(np.float32)
-
-
-def columns():
-    item = kte.categorical_column_with_identity("item", VOCAB)
-    hist = kte.sequence_categorical_column_with_identity("hist", VOCAB)
-    shared = kte.shared_embedding_columns(
-        [item, hist],
-        4,
-        combiner="sum",
-        max_sequence_lengths=[0, 3],
-        # The step each replica reads must be the global one.
-        learning_rate_fn=lambda step: 0.2 / (1.0 + tf.cast(step, tf.float32)),
-        embedding_lookup_device=device,
-        tensor_core_shape=[None, 2] if device else None,
-    )
-    tag = kte.weighted_categorical_column(
-        kte.categorical_column_with_identity("tag", VOCAB), "tag_w"
-    )
-    tagged = kte.embedding_column(
-        tag,
-        3,
-        combiner="mean",
-        embedding_lookup_device=device,
-        tensor_core_shape=[None, 2] if device else None,
-    )
-    return shared + [tagged]
-
-
-def model_and_layer():
-    config = kte.EmbeddingConfig(
-        optimizer=OPTIMIZERS[optimizer_name](),
-        gradient_multiplier_fn=lambda step: 1.0 + 0.5 * tf.cast(
-            step % 2, tf.float32
+def scenario(optimizer_name, path, form, loop):
+    OPTIMIZERS = {
+        "sgd": lambda: kte.optimizers.SGD(0.3, weight_decay_factor=0.01),
+        "adagrad": lambda: kte.optimizers.Adagrad(0.4, clipvalue=0.5),
+        "adam": lambda: kte.optimizers.Adam(0.1, beta_1=0.8, epsilon=1e-3),
+        # Non-lazy: every row moves each step, a dense update of each copy.
+        "adam_dense": lambda: kte.optimizers.Adam(0.05, lazy_adam=False),
+        "ftrl": lambda: kte.optimizers.FTRL(
+            0.5, l1_regularization_strength=0.01, l2_regularization_strength=0.1
         ),
-    )
-    layer = kte.TPUEmbeddingLayer(columns(), config=config)
-    inputs = {
-        "item": keras.Input((2,), dtype="int64", name="item"),
-        "hist": keras.Input((3,), dtype="int64", name="hist"),
-        "tag": keras.Input((2,), dtype="int64", name="tag"),
-        "tag_w": keras.Input((2,), dtype="float32", name="tag_w"),
     }
-    out = layer(inputs)
-    flat = keras.layers.Concatenate()(
-        [keras.layers.Flatten()(out[key]) for key in sorted(out)]
-    )
-    model = keras.Model(inputs, keras.layers.Dense(1)(flat))
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
-    return model, layer
+    device = "tpu_tensor_core" if path == "tensor_core" else None
+    rng = np.random.default_rng(0)
+    # "short": a last batch of 3, which Keras splits 2 + 1 over the replicas.
+    N, BATCH, VOCAB = 35 if form == "short" else 32, 8, 12
 
 
-def dataset():
-    data = tf.data.Dataset.from_tensor_slices((features, labels))
-    data = data.batch(BATCH)
-    if form == "ragged":
-        def to_ragged(x, y):
-            x = dict(x)
-            for key in ("item", "hist", "tag"):
-                x[key] = tf.RaggedTensor.from_tensor(x[key], padding=-1)
-            x["tag_w"] = tf.RaggedTensor.from_tensor(
-                x["tag_w"], lengths=x["tag"].row_lengths()
-            )
-            return x, y
-        data = data.map(to_ragged)
-    if form == "sparse":
-        # What the preprocessor makes of raw ids on the host path.
-        preprocessor = kte.FeaturePreprocessor(columns())
-        data = data.map(lambda x, y: (preprocessor(x), y))
-    return data
+    def padded(width, low=-1):
+        return rng.integers(low, VOCAB, size=(N, width)).astype(np.int64)
 
 
-def custom_loop(strategy, model):
-    # Keras' model.fit cannot take sparse or ragged inputs under
-    # MirroredStrategy: a replica step of our own, as a user would write.
-    @tf.function
-    def step(x, y):
-        def replica(x, y):
-            with tf.GradientTape() as tape:
-                errors = tf.square(model(x, training=True) - y)[:, 0]
-                loss = tf.nn.compute_average_loss(
-                    errors, global_batch_size=BATCH
-                )
-            gradients = tape.gradient(loss, model.trainable_variables)
-            model.optimizer.apply(gradients, model.trainable_variables)
-
-        strategy.run(replica, args=(x, y))
-
-    for _ in range(2):
-        for x, y in strategy.experimental_distribute_dataset(dataset()):
-            step(x, y)
-
-
-def tables_and_slots(strategy, layer):
-    variables = {}
-    for spec in layer.local_table_specs:
-        variables[spec.name] = layer.table_variable(spec.name)
-        for slot, var in layer.slot_variables(spec.name).items():
-            variables[f"{spec.name}/{slot}"] = var
-    return {
-        name: [np.asarray(v) for v in
-               strategy.experimental_local_results(var.value)]
-        for name, var in variables.items()
+    features = {
+        "item": padded(2),
+        "hist": padded(3),
+        "tag": padded(2),
+        "tag_w": rng.uniform(0.5, 2.0, size=(N, 2)).astype(np.float32),
     }
+    labels = rng.normal(size=(N, 1)).astype(np.float32)
 
 
-def train(strategy):
-    keras.utils.set_random_seed(1)
-    with strategy.scope():
-        model, layer = model_and_layer()
-    initial = {k: v[0] for k, v in tables_and_slots(strategy, layer).items()}
-    if loop == "custom":
-        custom_loop(strategy, model)
-        predictions = np.zeros([1])
-    elif loop == "distribute_dataset":
-        model.fit(kte.distribute_dataset(strategy, dataset()), epochs=2,
-                  verbose=0)
-        predictions = model.predict(dataset(), verbose=0)
-    else:
-        model.fit(dataset(), epochs=2, verbose=0)
-        model.evaluate(dataset(), verbose=0)
-        predictions = model.predict(dataset(), verbose=0)
-    copies = tables_and_slots(strategy, layer)
-    state = {k: v[0] for k, v in copies.items()}
-    # What training left untouched: every table and slot must move.
-    unmoved = sorted(k for k in state if np.array_equal(state[k], initial[k]))
-    step = [int(v) for v in strategy.experimental_local_results(
-        layer.embedding_step.value)]
-    return state, copies, step, np.asarray(predictions), model, unmoved
-
-
-one_state, _, one_step, one_pred, one_model, _ = train(
-    tf.distribute.OneDeviceStrategy("/cpu:0")
-)
-mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-state, copies, step, pred, model, unmoved = train(mirrored)
-saved = {}
-if loop == "save":
-    import tempfile
-
-    # Each trained model's checkpoint, restored into a fresh model built
-    # on one device, and its serving export, loaded with TensorFlow alone.
-    serve_inputs = {k: tf.constant(v) for k, v in features.items()}
-    for name, trained in (("one", one_model), ("mirrored", model)):
-        directory = tempfile.mkdtemp()
-        prefix = tf.train.Checkpoint(model=trained).write(directory + "/ckpt")
-        fresh, fresh_layer = model_and_layer()
-        tf.train.Checkpoint(model=fresh).read(prefix).expect_partial()
-        tables = {
-            spec.name: np.asarray(fresh_layer.table_variable(spec.name))
-            for spec in fresh_layer.local_table_specs
-        }
-        exported = kte.export_saved_model(
-            trained, directory + "/export", inputs="ids"
+    def columns():
+        item = kte.categorical_column_with_identity("item", VOCAB)
+        hist = kte.sequence_categorical_column_with_identity("hist", VOCAB)
+        shared = kte.shared_embedding_columns(
+            [item, hist],
+            4,
+            combiner="sum",
+            max_sequence_lengths=[0, 3],
+            # The step each replica reads must be the global one.
+            learning_rate_fn=lambda step: 0.2
+            / (1.0 + tf.cast(step, tf.float32)),
+            embedding_lookup_device=device,
+            tensor_core_shape=[None, 2] if device else None,
         )
-        serve = tf.saved_model.load(exported).signatures["serving_default"]
-        outputs = serve(**serve_inputs)
-        saved[name] = (tables, np.asarray(list(outputs.values())[0]))
-    saved = {
-        "checkpoint_difference": max(
-            float(np.max(np.abs(saved["one"][0][k] - saved["mirrored"][0][k])))
-            for k in saved["one"][0]
+        tag = kte.weighted_categorical_column(
+            kte.categorical_column_with_identity("tag", VOCAB), "tag_w"
+        )
+        tagged = kte.embedding_column(
+            tag,
+            3,
+            combiner="mean",
+            embedding_lookup_device=device,
+            tensor_core_shape=[None, 2] if device else None,
+        )
+        return shared + [tagged]
+
+
+    def model_and_layer():
+        config = kte.EmbeddingConfig(
+            optimizer=OPTIMIZERS[optimizer_name](),
+            gradient_multiplier_fn=lambda step: 1.0 + 0.5 * tf.cast(
+                step % 2, tf.float32
+            ),
+        )
+        layer = kte.TPUEmbeddingLayer(columns(), config=config)
+        inputs = {
+            "item": keras.Input((2,), dtype="int64", name="item"),
+            "hist": keras.Input((3,), dtype="int64", name="hist"),
+            "tag": keras.Input((2,), dtype="int64", name="tag"),
+            "tag_w": keras.Input((2,), dtype="float32", name="tag_w"),
+        }
+        out = layer(inputs)
+        flat = keras.layers.Concatenate()(
+            [keras.layers.Flatten()(out[key]) for key in sorted(out)]
+        )
+        model = keras.Model(inputs, keras.layers.Dense(1)(flat))
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model, layer
+
+
+    def dataset():
+        data = tf.data.Dataset.from_tensor_slices((features, labels))
+        data = data.batch(BATCH)
+        if form == "ragged":
+            def to_ragged(x, y):
+                x = dict(x)
+                for key in ("item", "hist", "tag"):
+                    x[key] = tf.RaggedTensor.from_tensor(x[key], padding=-1)
+                x["tag_w"] = tf.RaggedTensor.from_tensor(
+                    x["tag_w"], lengths=x["tag"].row_lengths()
+                )
+                return x, y
+            data = data.map(to_ragged)
+        if form == "sparse":
+            # What the preprocessor makes of raw ids on the host path.
+            preprocessor = kte.FeaturePreprocessor(columns())
+            data = data.map(lambda x, y: (preprocessor(x), y))
+        return data
+
+
+    def custom_loop(strategy, model):
+        # Keras' model.fit cannot take sparse or ragged inputs under
+        # MirroredStrategy: a replica step of our own, as a user would write.
+        @tf.function
+        def step(x, y):
+            def replica(x, y):
+                with tf.GradientTape() as tape:
+                    errors = tf.square(model(x, training=True) - y)[:, 0]
+                    loss = tf.nn.compute_average_loss(
+                        errors, global_batch_size=BATCH
+                    )
+                gradients = tape.gradient(loss, model.trainable_variables)
+                model.optimizer.apply(gradients, model.trainable_variables)
+
+            strategy.run(replica, args=(x, y))
+
+        for _ in range(2):
+            for x, y in strategy.experimental_distribute_dataset(dataset()):
+                step(x, y)
+
+
+    def tables_and_slots(strategy, layer):
+        variables = {}
+        for spec in layer.local_table_specs:
+            variables[spec.name] = layer.table_variable(spec.name)
+            for slot, var in layer.slot_variables(spec.name).items():
+                variables[f"{spec.name}/{slot}"] = var
+        return {
+            name: [np.asarray(v) for v in
+                   strategy.experimental_local_results(var.value)]
+            for name, var in variables.items()
+        }
+
+
+    def train(strategy):
+        keras.utils.set_random_seed(1)
+        with strategy.scope():
+            model, layer = model_and_layer()
+        before = tables_and_slots(strategy, layer)
+        initial = {k: v[0] for k, v in before.items()}
+        if loop == "custom":
+            custom_loop(strategy, model)
+            predictions = np.zeros([1])
+        elif loop == "distribute_dataset":
+            model.fit(kte.distribute_dataset(strategy, dataset()), epochs=2,
+                      verbose=0)
+            predictions = model.predict(dataset(), verbose=0)
+        else:
+            model.fit(dataset(), epochs=2, verbose=0)
+            model.evaluate(dataset(), verbose=0)
+            predictions = model.predict(dataset(), verbose=0)
+        copies = tables_and_slots(strategy, layer)
+        state = {k: v[0] for k, v in copies.items()}
+        # What training left untouched: every table and slot must move.
+        unmoved = sorted(
+            k for k in state if np.array_equal(state[k], initial[k])
+        )
+        step = [int(v) for v in strategy.experimental_local_results(
+            layer.embedding_step.value)]
+        return state, copies, step, np.asarray(predictions), model, unmoved
+
+
+    one_state, _, one_step, one_pred, one_model, _ = train(
+        tf.distribute.OneDeviceStrategy("/cpu:0")
+    )
+    mirrored = MIRRORED
+    state, copies, step, pred, model, unmoved = train(mirrored)
+    saved = {}
+    if loop == "save":
+        import tempfile
+
+        # Each trained model's checkpoint, restored into a fresh model built
+        # on one device, and its serving export, loaded with TensorFlow alone.
+        serve_inputs = {k: tf.constant(v) for k, v in features.items()}
+        for name, trained in (("one", one_model), ("mirrored", model)):
+            directory = tempfile.mkdtemp()
+            checkpoint = tf.train.Checkpoint(model=trained)
+            prefix = checkpoint.write(directory + "/ckpt")
+            fresh, fresh_layer = model_and_layer()
+            tf.train.Checkpoint(model=fresh).read(prefix).expect_partial()
+            tables = {
+                spec.name: np.asarray(fresh_layer.table_variable(spec.name))
+                for spec in fresh_layer.local_table_specs
+            }
+            exported = kte.export_saved_model(
+                trained, directory + "/export", inputs="ids"
+            )
+            serve = tf.saved_model.load(exported).signatures["serving_default"]
+            outputs = serve(**serve_inputs)
+            saved[name] = (tables, np.asarray(list(outputs.values())[0]))
+        saved = {
+            "checkpoint_difference": max(
+                float(np.max(np.abs(
+                    saved["one"][0][k] - saved["mirrored"][0][k]
+                )))
+                for k in saved["one"][0]
+            ),
+            "checkpoint_matches_training": max(
+                float(np.max(np.abs(saved["mirrored"][0][k] - state[k])))
+                for k in saved["one"][0]
+            ),
+            "export_difference": float(
+                np.max(np.abs(saved["one"][1] - saved["mirrored"][1]))
+            ),
+            "export_matches_predict": float(
+                np.max(np.abs(saved["mirrored"][1] - pred))
+            ),
+        }
+    return {
+        "replicas": mirrored.num_replicas_in_sync,
+        "max_difference": max(
+            float(np.max(np.abs(state[k] - one_state[k]))) for k in one_state
         ),
-        "checkpoint_matches_training": max(
-            float(np.max(np.abs(saved["mirrored"][0][k] - state[k])))
-            for k in saved["one"][0]
-        ),
-        "export_difference": float(
-            np.max(np.abs(saved["one"][1] - saved["mirrored"][1]))
-        ),
-        "export_matches_predict": float(
-            np.max(np.abs(saved["mirrored"][1] - pred))
-        ),
+        "copies_differ": [
+            k for k, v in copies.items()
+            if len(v) != 2 or not np.array_equal(v[0], v[1])
+        ],
+        "unmoved": unmoved,
+        "steps": step,
+        "one_device_steps": one_step,
+        "prediction_difference": float(np.max(np.abs(pred - one_pred))),
+        **saved,
     }
-print(json.dumps({
-    "replicas": mirrored.num_replicas_in_sync,
-    "max_difference": max(
-        float(np.max(np.abs(state[k] - one_state[k]))) for k in one_state
-    ),
-    "copies_differ": [
-        k for k, v in copies.items()
-        if len(v) != 2 or not np.array_equal(v[0], v[1])
-    ],
-    "unmoved": unmoved,
-    "steps": step,
-    "one_device_steps": one_step,
-    "prediction_difference": float(np.max(np.abs(pred - one_pred))),
-    **saved,
-}))
+
+
+# Every scenario asked for, in this one process (the logical devices can be
+# made once per process); one JSON line each.
+# A scenario that raises reports its traceback; the others still run.
+import traceback
+
+for spec in json.loads(sys.argv[1]):
+    keras.backend.clear_session()
+    try:
+        answer = {"result": scenario(*spec)}
+    except Exception:
+        answer = {"error": traceback.format_exc()}
+    print(json.dumps({"scenario": spec, **answer}))
 """
 
 
-def _run(tmp_path, optimizer, path, form, loop="fit"):
+OPTIMIZERS = ["sgd", "adagrad", "adam", "adam_dense", "ftrl"]
+PATHS = ["host", "tensor_core"]
+# (optimizer, path, form, loop): every scenario of this file.
+SCENARIOS = [
+    *[(o, p, "dense", "fit") for o in OPTIMIZERS for p in PATHS],
+    *[("adagrad", p, "short", "fit") for p in PATHS],
+    *[("adagrad", "host", f, "custom") for f in ("sparse", "ragged")],
+    ("ftrl", "tensor_core", "dense", "distribute_dataset"),
+    *[("adam", p, "dense", "save") for p in PATHS],
+]
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory):
+    """Every scenario's result, from one process: the two logical devices
+    are made once, before TensorFlow starts, and shared by all."""
     # A file, not `-c`: Keras reads the source of the script's lambdas.
-    script = tmp_path / "replicated.py"
+    script = tmp_path_factory.mktemp("replicas") / "replicated.py"
     script.write_text(SCRIPT)
     completed = testing.run_python(
-        str(script), optimizer, path, form, loop, TF_CPP_MIN_LOG_LEVEL="3"
+        str(script),
+        json.dumps(SCENARIOS),
+        TF_CPP_MIN_LOG_LEVEL="3",
+        timeout=1800,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    results = {}
+    for line in completed.stdout.splitlines():
+        if line.startswith('{"scenario"'):
+            answer = json.loads(line)
+            results[tuple(answer["scenario"])] = answer
+    assert sorted(results) == sorted(SCENARIOS), completed.stdout[-2000:]
+    return results
 
 
-@pytest.mark.parametrize("path", ["host", "tensor_core"])
-@pytest.mark.parametrize(
-    "optimizer", ["sgd", "adagrad", "adam", "adam_dense", "ftrl"]
-)
+def _run(scenarios, optimizer, path, form, loop="fit"):
+    answer = scenarios[(optimizer, path, form, loop)]
+    assert "error" not in answer, answer.get("error")
+    return answer["result"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_two_replicas_train_as_one_device_on_the_global_batch(
-    tmp_path, optimizer, path
+    scenarios, optimizer, path
 ):
-    result = _run(tmp_path, optimizer, path, "dense")
+    result = _run(scenarios, optimizer, path, "dense")
     assert result["replicas"] == 2
     # 4 global batches of 8 examples, 2 epochs: 8 steps on every copy.
     assert result["one_device_steps"] == [8]
@@ -282,18 +338,18 @@ def test_two_replicas_train_as_one_device_on_the_global_batch(
 
 @pytest.mark.parametrize("path", ["host", "tensor_core"])
 def test_replicas_with_unequal_shares_of_a_short_batch_stay_identical(
-    tmp_path, path
+    scenarios, path
 ):
     # Keras weighs the short batch per replica, so it is not compared with
     # one device; the copies must still agree after every step.
-    result = _run(tmp_path, "adagrad", path, "short")
+    result = _run(scenarios, "adagrad", path, "short")
     assert result["steps"] == [10, 10]
     assert result["copies_differ"] == []
 
 
-def test_fit_takes_a_batched_dataset_from_distribute_dataset(tmp_path):
+def test_fit_takes_a_batched_dataset_from_distribute_dataset(scenarios):
     result = _run(
-        tmp_path, "ftrl", "tensor_core", "dense", "distribute_dataset"
+        scenarios, "ftrl", "tensor_core", "dense", "distribute_dataset"
     )
     assert result["steps"] == [8, 8]
     assert result["copies_differ"] == []
@@ -334,9 +390,9 @@ def test_keras_jit_compile_fails_under_mirrored_cpu_devices():
 
 @pytest.mark.parametrize("path", ["host", "tensor_core"])
 def test_checkpoints_and_exports_after_two_replicas_match_one_device(
-    tmp_path, path
+    scenarios, path
 ):
-    result = _run(tmp_path, "adam", path, "dense", loop="save")
+    result = _run(scenarios, "adam", path, "dense", loop="save")
     assert result["checkpoint_difference"] < 1e-5
     assert result["checkpoint_matches_training"] == 0
     assert result["export_difference"] < 1e-5
@@ -345,9 +401,9 @@ def test_checkpoints_and_exports_after_two_replicas_match_one_device(
 
 @pytest.mark.parametrize("form", ["sparse", "ragged"])
 def test_sparse_and_ragged_ids_train_in_a_replicated_custom_loop(
-    tmp_path, form
+    scenarios, form
 ):
-    result = _run(tmp_path, "adagrad", "host", form, loop="custom")
+    result = _run(scenarios, "adagrad", "host", form, loop="custom")
     assert result["steps"] == [8, 8]
     assert result["copies_differ"] == []
     assert result["max_difference"] < 1e-5
