@@ -50,6 +50,15 @@ SLOW_FILES = (
 )
 
 
+def pytest_configure(config):
+    # xdist's `--dist loadfile` reorders files by their number of tests,
+    # most first (its `--loadscope-reorder` default), which puts the
+    # one-test subprocess suites above last: a run ended with the SparseCore
+    # suite alone on one worker for its last 10 minutes. Keep our order.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     # Costliest files first: `-n 2 --dist loadfile` gives each worker whole
     # files (a module fixture runs once), and starting the long ones first

@@ -165,11 +165,11 @@ def _examples():
 
 
 @functools.cache
-def _one_device(optimizer):
-    return models.local_values(_fit(tf.distribute.get_strategy(), optimizer))
+def one_device(optimizer):
+    return models.local_values(fit(tf.distribute.get_strategy(), optimizer))
 
 
-def _fit(strategy, optimizer):
+def fit(strategy, optimizer):
     keras.utils.set_random_seed(models.SEED)
     with strategy.scope():
         model = _build(OPTIMIZERS[optimizer]())
@@ -190,11 +190,11 @@ def test_trains_every_column_kind_as_one_device(feature, optimizer):
     if refusal is not None:
         with emulated_tpu(2, embedding_feature=feature) as strategy:
             with pytest.raises(ValueError, match=refusal):
-                _fit(strategy, optimizer)
+                fit(strategy, optimizer)
         return
-    wanted = _one_device(optimizer)
+    wanted = one_device(optimizer)
     with emulated_tpu(2, embedding_feature=feature) as strategy:
-        actual = models.engine_tables(_fit(strategy, optimizer))
+        actual = models.engine_tables(fit(strategy, optimizer))
     # Every table moved: a comparison of untrained tables proves nothing.
     keras.utils.set_random_seed(models.SEED)
     initial = models.local_values(_build(OPTIMIZERS[optimizer]()))
