@@ -228,8 +228,8 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
             # op that does not read the inputs (a counter's assign_add)
             # would run anyway, so the step's ops that touch a resource wait
             # for the inputs. Not those that create a variable: a variable
-            # made in the step (Keras' optimizer builds its slots in the
-            # first one) has its initialization lifted out of the function,
+            # made in the step (keras-rs builds its tables in its first
+            # call) has its initialization lifted out of the function,
             # which fails if it waits for the step's inputs; on a TPU it
             # does not.
             inputs = [
@@ -242,9 +242,9 @@ class _EmulatedTPUExtended(mirrored_strategy.MirroredExtended):  # type: ignore[
             graph = tf.compat.v1.get_default_graph()
             creating: set[Any] = set()
 
-            def note_creation(next_creator: Any, **kwargs: Any) -> Any:
+            def note_creation(next_creator: Any, **arguments: Any) -> Any:
                 before = len(graph.get_operations())
-                variable = next_creator(**kwargs)
+                variable = next_creator(**arguments)
                 creating.update(graph.get_operations()[before:])
                 return variable
 
