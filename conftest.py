@@ -22,7 +22,7 @@ collect_ignore = ["tests/emulated", "tests/emulated_hosts"]
 # SavedModels, costliest first: over 90% of the suite's time (seconds of
 # `pytest --durations=0` on 2 shared cores, 2026-11-24, in comments). Every
 # other test, and every doctest, is marked `fast`: `pytest -q -m fast -n 2`
-# is the change-test loop (under a minute).
+# is the change-test loop (2 min 12 s for 1,020 tests, 2026-11-28).
 SLOW_FILES = (
     # Subprocesses, one per test file so that the workers share them:
     "emulated_pod_test.py",  # tests/emulated_hosts
