@@ -1,55 +1,17 @@
 """Each table's devices, decided once from the columns, the serving device
-and the hardware, and read by every part of the layer."""
+and the hardware, and read by every part of the layer.
 
-import logging
+A table that falls back to the tensor core on a TPU without an engine is
+built under `emulated_tpu("UNSUPPORTED")` in
+`tests/emulated/engine_layers_test.py`."""
 
 import pytest
-import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.lookup.device_plan import plan_devices
 from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.tables import group_into_tables
 from keras_tpu_embed.tpu.hardware import EmbeddingHardware
-from tests.engine_stand_in import StandInTPU
-
-NO_ENGINE = EmbeddingHardware.NO_ENGINE
-
-
-@pytest.fixture
-def fallback_lines():
-    """The log lines saying a table falls back to the tensor core."""
-    lines = []
-
-    class Recorder(logging.Handler):
-        def emit(self, record):
-            if "falls back to the tensor-core lookup" in record.getMessage():
-                lines.append(record.getMessage())
-
-    recorder = Recorder()
-    tf.get_logger().addHandler(recorder)
-    yield lines
-    tf.get_logger().removeHandler(recorder)
-
-
-def test_a_table_that_falls_back_is_on_the_tensor_core_for_every_reader(
-    monkeypatch, fallback_lines
-):
-    # On a TPU without an engine the layer trains the table on the tensor
-    # core, so its tables must give it the dedupe scratch of tensor-core
-    # tables, and the fallback is decided (and said) once.
-    tpu = StandInTPU(monkeypatch, NO_ENGINE)
-    column = kte.embedding_column(
-        kte.categorical_column_with_identity("user", 20),
-        4,
-        tensor_core_shape=[None, 2],
-    )
-    config = kte.EmbeddingConfig(optimizer=kte.optimizers.SGD(0.1))
-    with tpu.strategy.scope():
-        layer = kte.TPUEmbeddingLayer([column], config=config)
-        layer.build({"user": (None, 2)})
-    assert sorted(layer._local._scratch) == ["user"]
-    assert len(fallback_lines) == 1
 
 
 def _tables(**column_kwargs):

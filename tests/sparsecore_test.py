@@ -151,27 +151,6 @@ def test_raw_feature_configs_v2_cannot_honour_are_refused():
     assert "'raw'" in message and "CustomOptimizer" in message
 
 
-def test_a_layer_built_on_sparse_core_refuses_clipping_by_column(monkeypatch):
-    # Through the layer's build (the engine's `register`), on a stand-in
-    # strategy that reports SparseCore: the refusal names the column.
-    import keras
-
-    from keras_tpu_embed.tpu import hardware as tpu_hardware
-    from tests.engine_stand_in import StandInTPU
-
-    tpu = StandInTPU(monkeypatch, tpu_hardware.EmbeddingHardware.V2)
-    with tpu.strategy.scope():
-        layer = kte.TPUEmbeddingLayer(
-            [_column()],
-            config=kte.EmbeddingConfig(clipping_limit=1.0),
-            name="embed",
-        )
-        with pytest.raises(ValueError) as raised:
-            layer({"item": keras.Input([1], dtype="int64", batch_size=4)})
-    assert "item_embedding" in str(raised.value)
-    assert "clipping_limit" in str(raised.value)
-
-
 def test_sequence_positions_become_samples_truncated_on_the_host():
     # Example 0 has 4 positions, example 1 has 1, example 2 none; a
     # max_sequence_length of 2 keeps positions 0 and 1.

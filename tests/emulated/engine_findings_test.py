@@ -63,7 +63,9 @@ def test_engine_builds_with_every_optimizer(name):
 
 
 def test_engine_builds_with_a_users_raw_tf_optimizer():
-    """A raw `FeatureConfig` whose table has its own TF optimizer."""
+    """A raw `FeatureConfig` whose table has its own TF optimizer, and
+    the config's `pipeline_execution_with_tensor_core`, pass through to
+    TF's engine unchanged."""
     raw = tf.tpu.experimental.embedding.FeatureConfig(
         table=tf.tpu.experimental.embedding.TableConfig(
             vocabulary_size=10,
@@ -73,7 +75,10 @@ def test_engine_builds_with_a_users_raw_tf_optimizer():
         ),
         name="their_feature",
     )
-    config = kte.EmbeddingConfig(feature_to_config_dict={"their_feature": raw})
+    config = kte.EmbeddingConfig(
+        feature_to_config_dict={"their_feature": raw},
+        pipeline_execution_with_tensor_core=True,
+    )
     ids = np.arange(16, dtype=np.int64)[:, None]
     data = tf.data.Dataset.from_tensor_slices(
         ({"user": ids % 20, "their_feature": ids % 10}, np.ones((16, 1)))
@@ -95,8 +100,20 @@ def test_engine_builds_with_a_users_raw_tf_optimizer():
             )
             model = keras.Model(inputs, keras.layers.Dense(1)(joined))
             model.compile(optimizer="sgd", loss="mse")
+        layer = model.get_layer("embed")
+        assert layer.compute_output_spec({})["their_feature"].shape == (None, 2)
         model.fit(kte.distribute_dataset(strategy, data, 8), verbose=0)
-        mid_level = model.get_layer("embed").engine.mid_level
+        mid_level = layer.engine.mid_level
+        # TF's enqueue takes exactly its config's features: the step fed
+        # the user's feature next to the column's.
+        assert sorted(mid_level._feature_config) == [
+            "their_feature",
+            "user_embedding",
+        ]
+        assert mid_level._feature_config["their_feature"] is raw
+        assert mid_level._pipeline_execution_with_tensor_core is True
+        assert mid_level._config_proto.pipeline_execution_with_tensor_core
+        assert int(layer.embedding_step.numpy()) == 2
         rules = {
             table.name: table.optimization_parameters.WhichOneof("parameters")
             for table in mid_level._config_proto.table_descriptor
