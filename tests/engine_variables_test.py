@@ -1,67 +1,30 @@
-"""The engine's tables, read from and written to the TPU (the STAND-IN).
+"""Where the engine's tables live, as TF's sharded creator cuts them.
 
-A checkpoint of the engine's tables restores into the same model on CPU,
-and the CPU tables into a fresh TPU model before its first step
-(`lookup/engine_variables.py`).
+The tables read from and written to the engine (checkpoints both ways
+between the TPU and CPU) run under TF's own `TPUEmbedding` in
+`tests/emulated/`: `evaluate_predict_checkpoint_test.py`,
+`engine_tables_test.py`, `engine_checkpoint_test.py`, `save_paths_test.py`.
 """
 
-import numpy as np
-import pytest
 import tensorflow as tf
 
-import keras_tpu_embed as kte
-from tests.engine_models import BATCH
-from tests.engine_models import build_model
-from tests.engine_models import examples
-from tests.engine_stand_in import StandInTPU
+from keras_tpu_embed.lookup.engine_variables import HostShard
+from keras_tpu_embed.lookup.engine_variables import host_shards
+from keras_tpu_embed.lookup.engine_variables import slice_spec
 
 
-@pytest.fixture
-def tpu(monkeypatch):
-    return StandInTPU(monkeypatch)
+def test_host_shards_are_contiguous_the_first_ones_one_row_longer():
+    assert host_shards(10, ["a", "b", "c"]) == [
+        HostShard("a", 0, 4),
+        HostShard("b", 4, 3),
+        HostShard("c", 7, 3),
+    ]
+    # A host with no row gets no shard.
+    assert host_shards(1, ["a", "b"]) == [HostShard("a", 0, 1)]
 
 
-def test_tables_restore_across_tpu_and_cpu_both_ways(
-    tpu, tmp_path, monkeypatch
-):
-    with tpu.strategy.scope():
-        tpu_model = build_model()
-    data = kte.distribute_dataset(tpu.strategy, examples(), BATCH)
-    assert tpu.built_objects == []  # the engine is built by the first step
-    tpu_model.fit(data, epochs=1, verbose=0)
-    [engine] = tpu.built_objects
-    trained = {c.name: t.numpy() for c, t in engine.embedding_tables.items()}
-    path = tf.train.Checkpoint(
-        embedding=kte.engine_checkpoint(tpu_model)
-    ).write(str(tmp_path / "tpu"))
-
-    cpu_model = build_model()
-    status = tf.train.Checkpoint(embedding=kte.engine_checkpoint(cpu_model))
-    status.read(path).assert_existing_objects_matched()
-    for table, values in trained.items():
-        layer = "shared" if table == "hist_item_shared_embedding" else "embed"
-        np.testing.assert_array_equal(
-            cpu_model.get_layer(layer).table_variable(table).numpy(), values
-        )
-    cpu_model.get_layer("head").set_weights(
-        tpu_model.get_layer("head").get_weights()
-    )
-    batches = list(examples().batch(BATCH))
-    on_cpu = np.concatenate([cpu_model.predict_on_batch(x) for x, _ in batches])
-    on_tpu = tpu_model.predict(data, verbose=0)
-    np.testing.assert_allclose(on_tpu, on_cpu, atol=1e-6)
-
-    # And back: CPU tables into a fresh TPU model, before its first step.
-    fresh = StandInTPU(monkeypatch)
-    with fresh.strategy.scope():
-        second = build_model()
-    tf.train.Checkpoint(embedding=kte.engine_checkpoint(second)).read(
-        path
-    ).assert_existing_objects_matched()
-    second.get_layer("head").set_weights(
-        tpu_model.get_layer("head").get_weights()
-    )
-    again = second.predict(
-        kte.distribute_dataset(fresh.strategy, examples(), BATCH), verbose=0
-    )
-    np.testing.assert_allclose(again, on_cpu, atol=1e-6)
+def test_a_shards_slice_is_spelled_as_tf_saves_a_sharded_variable():
+    shard = HostShard("b", 4, 3)
+    spec = slice_spec([10, 2], shard)
+    assert spec == "10 2 4,3:0,2"
+    assert spec == tf.Variable.SaveSliceInfo("", [10, 2], [4, 0], [3, 2]).spec
