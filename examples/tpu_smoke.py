@@ -41,8 +41,8 @@ The last line is `SMOKE PASS`, `SMOKE FAIL at <stage>` or `SMOKE SKIP:
 A machine without a TPU is a SKIP with the reason.
 
 No machine this package is developed on has a TPU, so this script has not
-run on one. The tests run it on CPU (SKIP) and its `run` under a recording
-stand-in of the mid-level API (tests/examples_test.py): that checks the
+run on one. The tests run it on CPU (SKIP, tests/examples_test.py) and
+under `--emulate` (tests/emulated/tpu_smoke_test.py): that checks the
 flow and the report, not the TPU.
 """
 

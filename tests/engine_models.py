@@ -2,9 +2,9 @@
 
 Two layers sharing one engine (`build_model`: a plain, a weighted, a
 shared and a sequence column), a one-table model, and their examples, for
-the tests of `lookup/embedding_core.py`, `engine_step.py` and
-`engine_variables.py` against the recording stand-in
-(`tests/engine_stand_in.py`).
+the tests of `lookup/embedding_core.py` and of the engine under TF's own
+`TPUEmbedding` (`tests/emulated/engine_protocol_test.py`,
+`engine_layers_test.py`, `sparsecore_refusals_test.py`).
 """
 
 import keras

@@ -30,7 +30,6 @@ CROSS_CUTTING = {
     "docs",  # the README's and docs/' python blocks run
     "emulated_engine",  # tests/emulated's engine files, second half
     "emulated_pod",  # tests/emulated_hosts, the 2-host pod
-    "engine_stand_in",  # the TPU stand-in answers as TensorFlow does
     "examples",  # examples/ scripts
     "install",  # the install extras resolve (pip --dry-run)
     "legacy_reference",  # numerics against tf_keras DenseFeatures

@@ -27,9 +27,10 @@ one `SharedEngine` (`engine_registry.py` keeps one per strategy):
 On SparseCore TPUs (embedding_feature V2: v5p, v6e and later) the engine
 is a `sparsecore.SparseCoreEngine`, the same engine rules driving
 `TPUEmbeddingV2` (`lookup/sparsecore.py`). TPU hardware is consulted only
-through `tpu/hardware.py`, which the tests replace with a recording
-stand-in. No machine this package is developed on has a TPU: this path
-runs on real hardware only through `examples/tpu_smoke.py`.
+through `tpu/hardware.py`. No machine this package is developed on has a
+TPU: the tests run this path under `keras_tpu_embed.testing.emulated_tpu`
+(TF's own mid-level code, only the chip emulated), and it runs on real
+hardware only through `examples/tpu_smoke.py`.
 """
 
 from __future__ import annotations

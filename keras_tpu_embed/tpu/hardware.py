@@ -3,9 +3,9 @@
 `embedding_hardware` reads the strategy's
 `extended.tpu_hardware_feature.embedding_feature`; `mid_level_class` names
 the mid-level API class for that hardware. Nothing else in the package
-consults TPU hardware, so the tests can replace these two with a recording
-stand-in (`tests/engine_stand_in.py`) that enforces TF's invariants: a test
-of the protocol, not a TPU run.
+consults TPU hardware. The tests run the TPU paths under
+`keras_tpu_embed.testing.emulated_tpu`, whose strategy answers these
+questions as a TPU's does.
 """
 
 from __future__ import annotations
