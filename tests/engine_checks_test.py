@@ -132,3 +132,14 @@ def test_sparse_and_ragged_ids_mix_only_where_the_host_makes_them_sparse():
         engine_checks.check_enqueue_inputs(features, (), made_sparse=())
     assert "sparse ['tags']" in str(error.value)
     assert "ragged ['genres']" in str(error.value)
+
+
+def test_an_unknown_batch_is_blamed_on_another_dataset_batch_only():
+    # One dataset batch, the engine's: an unknown batch has another cause
+    # (steps_per_execution, a variable-width feature), said elsewhere.
+    assert engine_checks.another_batch_message(4, {4}) is None
+    assert engine_checks.another_batch_message(None, {2, 4}) is None
+    message = engine_checks.another_batch_message(4, {2, 4})
+    assert "per-replica batch of 4 (global 4 over 1 replicas)" in message
+    assert "per-replica batches [2, 4]" in message
+    assert "same global_batch_size" in message

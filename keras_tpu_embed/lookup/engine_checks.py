@@ -7,6 +7,7 @@ check here names the feature and says what to do.
 
 from __future__ import annotations
 
+from typing import AbstractSet
 from typing import Any
 from typing import Collection
 from typing import Protocol
@@ -284,11 +285,45 @@ def check_batch_size(
             f"of {first_batch_size} (global {first_batch_size * replicas}"
             f" over {replicas} replicas) by its first step, and this step "
             f"feeds {batch}; TF fixes the batch at the first step "
-            "('Inconsistent shape'). Use the same global_batch_size in "
-            "kte.distribute_dataset for fit, evaluate and predict (the "
-            "last partial batch is dropped)."
+            f"('Inconsistent shape'). {SAME_BATCH_ADVICE}"
         )
     return batch
+
+
+SAME_BATCH_ADVICE = (
+    "Use the same global_batch_size in kte.distribute_dataset for fit, "
+    "evaluate and predict (the last partial batch is dropped)."
+)
+
+
+def another_batch_message(
+    first_batch_size: int | None, dataset_batches: AbstractSet[int]
+) -> str | None:
+    """Why a step after the first arrives with an unknown batch, if the
+    strategy's datasets say: None when they have no batch but the engine's.
+
+    Keras traces its step again, with the batch dimension unknown
+    (`tf.function(reduce_retracing=True)`), when a dataset of another
+    batch feeds it. TPUStrategy's dynamic padding then pads the dense ids,
+    and TF's enqueue refuses them as no direct input of the step
+    (`non_direct_inputs_message`) before any batch can be compared: this
+    names the cause the user can act on.
+    """
+    if first_batch_size is None or not set(dataset_batches) - {
+        first_batch_size
+    }:
+        return None
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return (
+        "This step's batch is unknown: Keras traces its step again, with "
+        "the batch unknown, when a dataset of another batch size feeds it. "
+        "The TPU embedding engine was built for a per-replica batch of "
+        f"{first_batch_size} (global {first_batch_size * replicas} over "
+        f"{replicas} replicas) by its first step, and kte.distribute_dataset "
+        "has made datasets of per-replica batches "
+        f"{sorted(dataset_batches)} on this strategy; TF fixes the batch at "
+        f"the first step. {SAME_BATCH_ADVICE}"
+    )
 
 
 def check_activation_shapes(

@@ -105,6 +105,9 @@ class EngineStep(EngineVariables):
         self._step_count = 0
         # The per-replica batch TF fixes at the first enqueue.
         self._batch_size: int | None = None
+        # Why the step being traced has an unknown batch, when the
+        # strategy's datasets tell (a batch other than the engine's).
+        self._unknown_batch_cause: str | None = None
 
     def dataset_batch(self) -> int | None:
         """The one per-replica batch the strategy's datasets have."""
@@ -180,6 +183,16 @@ class EngineStep(EngineVariables):
         batch = self._batch_size
         if batch is None:
             batch = self.dataset_batch()
+        self._unknown_batch_cause = (
+            engine_checks.another_batch_message(
+                self._batch_size, self._dataset_batches
+            )
+            if any(
+                value.shape.rank and value.shape[0] is None
+                for value in features.values()
+            )
+            else None
+        )
         checks = engine_checks.set_static_batch(features, batch)
         checks += engine_checks.set_static_batch(weights, batch)
         self._batch_size = engine_checks.check_batch_size(
@@ -319,9 +332,12 @@ class EngineStep(EngineVariables):
             ) from error
         except ValueError as error:
             if "_tpu_input_identity" in str(error):
-                raise ValueError(
-                    engine_checks.non_direct_inputs_message(error, features)
-                ) from error
+                message = engine_checks.non_direct_inputs_message(
+                    error, features
+                )
+                if self._unknown_batch_cause:
+                    message = f"{self._unknown_batch_cause}\n{message}"
+                raise ValueError(message) from error
             # TF checks the devices of the replicate's inputs: this fires in
             # a custom loop calling strategy.run on next(iterator) in one
             # tf.function over ids fetched to the TPU. Under model.fit the

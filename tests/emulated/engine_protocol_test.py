@@ -118,23 +118,21 @@ def test_fit_trains_once_per_step_evaluate_and_predict_do_not(trained):
         assert int(model.get_layer(name).embedding_step.numpy()) == 2 * STEPS
 
 
-def test_evaluate_with_another_batch_size_is_refused_at_trace_time(trained):
-    """TF fixes the engine's batch at its first step. Keras retraces its
-    step for a second batch with the batch unknown (`reduce_retracing`),
-    so TPUStrategy's dynamic padding pads the dense ids and TF's enqueue
-    refuses them as no direct input: the step is refused at trace time,
-    naming the feature. The package's own message for a second batch
-    ("same global_batch_size", `engine_checks.check_batch_size`) does not
-    fire under TF's own engine: the engine's first batch is set on the
-    unknown one before it is checked."""
+def test_evaluate_with_another_batch_size_says_why_and_what_to_do(trained):
+    """TF fixes the engine's batch at its first step. Keras traces its
+    step again for a second batch with the batch unknown
+    (`reduce_retracing`), so TPUStrategy's dynamic padding pads the dense
+    ids and TF's enqueue refuses them as no direct input. The cause the
+    user must hear is the batch: the message names the engine's batch,
+    the batches the strategy's datasets were given, and the fix."""
     # Last of the fixture's tests: a refused step ends its use.
     strategy, model, _ = trained
     smaller = kte.distribute_dataset(strategy, examples(), BATCH // 2)
     for run in (model.evaluate, model.predict):
         with pytest.raises(
             ValueError,
-            match=r"(?s)the dense ids of \['user_embedding'\] are not.*"
-            r"dimension of unknown size, e\.g\. the unknown batch",
+            match=r"(?s)per-replica batch of 4 \(global 8 over 2 replicas\)"
+            r".*per-replica batches \[2, 4\].*same global_batch_size",
         ):
             run(smaller, verbose=0)
 
