@@ -109,7 +109,6 @@ class EmulatedChip:
         self.tables: list[ChipTable] = []
         self._enqueued: dict[tuple[int, int, int], Enqueued] = {}
         self._lock = threading.Lock()
-        self.steps_applied = 0
 
     # ------------------------------------------------------------ install
 
