@@ -18,6 +18,7 @@ from typing import Callable
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_attr_value_pb2
 from keras_tpu_embed._compat import tf_control_flow_util
+from keras_tpu_embed._compat import tf_eager_context
 from keras_tpu_embed._compat import tf_tpu
 from keras_tpu_embed._compat import tf_tpu_embedding_v2
 from keras_tpu_embed._compat import tf_tpu_embedding_v3
@@ -299,7 +300,25 @@ def mid_level_load_variables(mid_level: MidLevelEmbedding) -> None:
     """Sends the host copies of the tables to the TPU:
     `TPUEmbedding._load_variables` (`tpu_embedding_v2.py`), which TF runs
     after a checkpoint restore; no public API."""
+    _host_writes_done()
     mid_level._load_variables()
+
+
+def _host_writes_done() -> None:
+    """Waits until every op this process sent to a host has run.
+
+    The caller has just written the host copies eagerly (`assign` on each
+    host's device); TF's load is a `tf.function` run on the hosts
+    (`_load_variables_impl`), which a remote host runs as a component
+    function, apart from the eager ops streamed to it: without this
+    barrier the load may read a host copy before its last write. On the
+    emulated 2-host pod under load, a warm start before the first step
+    left host 1's last-written slot at its initial value once in a few
+    runs (`tests/emulated_hosts/warm_start_pod_test.py`). TF's
+    `context.async_wait` syncs every executor, remote ones included;
+    with one host and nothing pending it returns at once.
+    """
+    tf_eager_context.async_wait()
 
 
 def mid_level_load_table(mid_level: MidLevelEmbedding, table: str) -> Any:
@@ -313,6 +332,7 @@ def mid_level_load_table(mid_level: MidLevelEmbedding, table: str) -> Any:
     configs = [
         config for config in mid_level._table_config if config.name == table
     ]
+    _host_writes_done()
     return tf_tpu_embedding_v2._load_variables_impl(
         mid_level._config_proto.SerializeToString(),
         mid_level._hosts,
