@@ -86,3 +86,12 @@ def _doctest_names(doctest_namespace):
         doctest_namespace[name] = getattr(kte, name)
     doctest_namespace.update(tf=tf, keras=keras, np=np, kte=kte)
     keras.utils.set_random_seed(0)
+
+
+@pytest.fixture
+def mixed_bfloat16():
+    """Keras' global dtype policy set to `mixed_bfloat16` for one test."""
+    policy = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    yield
+    keras.config.set_dtype_policy(policy)

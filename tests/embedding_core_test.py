@@ -20,14 +20,6 @@ from tests.engine_models import engine_columns
 from tests.engine_models import examples
 
 
-@pytest.fixture
-def mixed_bfloat16():
-    policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    yield
-    keras.config.set_dtype_policy(policy)
-
-
 def test_mixed_precision_host_path_combines_float32_weights(mixed_bfloat16):
     columns, _ = engine_columns()
     layer = kte.TPUEmbeddingLayer(columns[1:])  # the weighted column

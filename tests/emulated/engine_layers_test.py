@@ -280,14 +280,6 @@ def test_negative_dense_ids_for_the_engine_fail_on_the_host():
 
 
 @pytest.fixture
-def mixed_bfloat16():
-    policy = keras.config.dtype_policy()
-    keras.config.set_dtype_policy("mixed_bfloat16")
-    yield
-    keras.config.set_dtype_policy(policy)
-
-
-@pytest.fixture
 def enqueued_weights(monkeypatch):
     """The weights the layers hand TF's `TPUEmbedding.enqueue`, checked as
     TF checks its features: a direct input of the step, whose value TF

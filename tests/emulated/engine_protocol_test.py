@@ -137,16 +137,21 @@ def test_evaluate_with_another_batch_size_says_why_and_what_to_do(trained):
             run(smaller, verbose=0)
 
 
+def _one_column_model(strategy, column, key):
+    """`column` alone, fed `[batch, 1]` dense ids of feature `key`."""
+    with strategy.scope():
+        layer = kte.TPUEmbeddingLayer([column])
+        inputs = {key: keras.Input((1,), dtype="int64", name=key)}
+        return keras.Model(inputs, layer(inputs)[f"{key}_embedding"])
+
+
 def test_dense_batch_by_one_ids_give_batch_by_dim():
     column = kte.embedding_column(
         kte.categorical_column_with_identity("user", 20), 4
     )
     ids = tf.constant([[3], [5], [7], [9]], tf.int64)
     with emulated_tpu(2, embedding_feature="V1") as strategy:
-        with strategy.scope():
-            layer = kte.TPUEmbeddingLayer([column])
-            inputs = {"user": keras.Input((1,), dtype="int64", name="user")}
-            model = keras.Model(inputs, layer(inputs)["user_embedding"])
+        model = _one_column_model(strategy, column, "user")
         out = model.predict(
             kte.distribute_dataset(
                 strategy, tf.data.Dataset.from_tensor_slices({"user": ids}), 4
@@ -168,10 +173,7 @@ def test_dense_ids_of_a_sequence_feature_are_refused_at_trace_time():
         max_sequence_length=3,
     )
     with emulated_tpu(2, embedding_feature="V1") as strategy:
-        with strategy.scope():
-            layer = kte.TPUEmbeddingLayer([column])
-            inputs = {"hist": keras.Input((1,), dtype="int64", name="hist")}
-            model = keras.Model(inputs, layer(inputs)["hist_embedding"])
+        model = _one_column_model(strategy, column, "hist")
         data = kte.distribute_dataset(
             strategy,
             tf.data.Dataset.from_tensor_slices(
