@@ -1,6 +1,7 @@
 """Keras 3 layers for TPU embeddings with feature-column semantics."""
 
 from keras_tpu_embed import optimizers as optimizers
+from keras_tpu_embed import parameter_server as parameter_server
 from keras_tpu_embed.columns import bucketized_column as bucketized_column
 from keras_tpu_embed.columns import (
     categorical_column_with_hash_bucket as categorical_column_with_hash_bucket,
@@ -96,6 +97,7 @@ __all__ = [
     "make_parse_example_spec",
     "numeric_column",
     "optimizers",
+    "parameter_server",
     "profile_lookups",
     "quantization",
     "restore_tables",

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 from typing import Callable
 
+from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_attr_value_pb2
 from keras_tpu_embed._compat import tf_control_flow_util
@@ -488,3 +489,54 @@ def sparsecore_stack_tables(*args: Any) -> Any:
     return tf_tpu_embedding_v3._stack_tables_with_same_table_dim_and_optimizer(
         *args
     )
+
+
+def sharded_variable_class() -> type:
+    """TF's `ShardedVariable`, which only `tf.__internal__` exports.
+
+    What `ParameterServerStrategy` makes of a partitioned variable
+    (`tensorflow/python/distribute/sharded_variable.py`): the tables on
+    parameter servers are made of it, so that they save one checkpoint key
+    per table, in slices, as a table on one device does.
+    """
+    sharded: type = tf.__internal__.distribute.ShardedVariable
+    return sharded
+
+
+def variable_partitioner(strategy: Any) -> Any:
+    """The `variable_partitioner` a `ParameterServerStrategy` was given.
+
+    Kept as `extended._variable_partitioner`
+    (`parameter_server_strategy_v2.py`); no public property reads it.
+    """
+    return getattr(strategy.extended, "_variable_partitioner", None)
+
+
+def parameter_server_count(strategy: Any) -> int:
+    """The `ps` tasks a `ParameterServerStrategy` places variables on.
+
+    Kept as `extended._num_ps` (`parameter_server_strategy_v2.py`): the
+    strategy's public `cluster_resolver` is `None` for it, and its
+    `extended.parameter_devices` is not implemented.
+    """
+    return int(strategy.extended._num_ps)
+
+
+def keras_track_variable(layer: keras.layers.Layer, variable: Any) -> None:
+    """Makes `variable` one of `layer`'s weights, as `add_weight` does.
+
+    Keras' `Layer._track_variable` (`keras/src/layers/layer.py`): a table
+    on parameter servers is a Keras variable of our own class
+    (`parameter_server/sharded_tables.py`), which `add_weight` cannot make.
+    """
+    layer._track_variable(variable)
+
+
+def sharded_variable_saveables(value: Any) -> Any:
+    """A `ShardedVariable`'s checkpoint saveables, one slice per shard.
+
+    `ShardedVariable._gather_saveables_for_checkpoint`
+    (`sharded_variable.py`): the only way TF saves it, which a Keras
+    variable holding one must hand on itself.
+    """
+    return value._gather_saveables_for_checkpoint()

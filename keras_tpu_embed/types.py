@@ -44,3 +44,8 @@ MidLevelEmbedding: TypeAlias = Any
 """TF's TPU embedding mid-level object:
 `tf.tpu.experimental.embedding.TPUEmbedding` (or `TPUEmbeddingV2` on
 SparseCore); TensorFlow ships no type information."""
+
+ShardedTableValue: TypeAlias = Any
+"""A table on parameter servers: TF's `ShardedVariable` (exported only as
+`tf.__internal__.distribute.ShardedVariable`, without type information), or
+the Keras variable holding one (`parameter_server.sharded_tables`)."""

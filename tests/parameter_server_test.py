@@ -1,16 +1,11 @@
-"""Under `ParameterServerStrategy` the layers refuse, naming the strategy.
-
-TF's `ParameterServerStrategy` with a `variable_partitioner` makes each
-table a `ShardedVariable` over the parameter servers, whose `tf.gather`
-returns rows grouped by shard: ids `[V - 1, 0]` came back swapped, a
-silent wrong answer. Until the layers train on parameter servers, they
-refuse the strategy at construction and at build.
-
-The cluster (2 parameter servers, 1 worker) runs as local processes on
-127.0.0.1, and the coordinator in a process of its own (it connects the
-process to the cluster for the rest of its life).
+"""Training on TensorFlow's parameter servers, on a cluster of local
+processes: 2 parameter servers and 2 workers on 127.0.0.1, started and
+stopped here, and a coordinator process (`parameter_server_scenarios.py`;
+it connects its process to the cluster for the rest of its life) that
+trains, checkpoints and exports, and replays each training on one device.
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -18,11 +13,17 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+import tensorflow as tf
+
+from tests.parameter_server_scenarios import OPTIMIZERS
+
+pytestmark = pytest.mark.slow
 
 SERVER = textwrap.dedent(
     """
-    import json, os, sys
+    import json, sys
     import tensorflow as tf
     cluster, job, index = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     server = tf.distribute.Server(
@@ -33,41 +34,8 @@ SERVER = textwrap.dedent(
     """
 )
 
-COORDINATOR = textwrap.dedent(
-    """
-    import json, sys
-    import keras
-    import tensorflow as tf
-    import keras_tpu_embed as kte
-
-    cluster = tf.train.ClusterSpec(json.loads(sys.argv[1]))
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        cluster, rpc_layer="grpc")
-    strategy = tf.distribute.experimental.ParameterServerStrategy(
-        resolver,
-        variable_partitioner=(
-            tf.distribute.experimental.partitioners.FixedShardsPartitioner(2)
-        ),
-    )
-    column = kte.embedding_column(
-        kte.categorical_column_with_identity("item", 10), 4)
-    outcome = {}
-    with strategy.scope():
-        try:
-            kte.TPUEmbeddingLayer([column])
-            outcome["construction"] = "accepted"
-        except RuntimeError as error:
-            outcome["construction"] = str(error)
-    layer = kte.TPUEmbeddingLayer([column])
-    with strategy.scope():
-        try:
-            layer.build()
-            outcome["build"] = "accepted"
-        except RuntimeError as error:
-            outcome["build"] = str(error)
-    print(json.dumps(outcome))
-    """
-)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
 
 
 def _ports(count):
@@ -88,41 +56,145 @@ def _ports(count):
     return ports
 
 
-@pytest.mark.slow
-def test_layers_refuse_parameter_server_strategy(tmp_path):
-    ps, worker = _ports(2), _ports(3)[2:]
+@contextlib.contextmanager
+def local_cluster(parameter_servers=2, workers=2):
+    """The servers as processes; yields the cluster spec and the processes
+    by task, and kills every one of them on the way out."""
+    ports = _ports(parameter_servers + workers)
     cluster = {
-        "ps": [f"127.0.0.1:{port}" for port in ps],
-        "worker": [f"127.0.0.1:{port}" for port in worker],
+        "ps": [f"127.0.0.1:{p}" for p in ports[:parameter_servers]],
+        "worker": [f"127.0.0.1:{p}" for p in ports[parameter_servers:]],
     }
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    servers = [
-        subprocess.Popen(
-            [sys.executable, "-c", SERVER, json.dumps(cluster), job, str(i)],
-            env=env,
+    processes = {
+        (job, index): subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                SERVER,
+                json.dumps(cluster),
+                job,
+                str(index),
+            ],
+            env=ENV,
             stdout=subprocess.PIPE,
             text=True,
         )
         for job in ("ps", "worker")
-        for i in range(len(cluster[job]))
-    ]
+        for index in range(len(cluster[job]))
+    }
     try:
-        for server in servers:
-            assert server.stdout.readline().strip() == "ready"
-        result = subprocess.run(
-            [sys.executable, "-c", COORDINATOR, json.dumps(cluster)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        for process in processes.values():
+            assert process.stdout.readline().strip() == "ready"
+        yield cluster, processes
     finally:
-        for server in servers:
-            server.kill()
-            server.wait()
-    assert result.returncode == 0, result.stderr[-3000:]
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
-    for moment in ("construction", "build"):
-        message = outcome[moment]
-        assert "ParameterServerStrategy" in message, (moment, message)
-        assert "MultiWorkerMirroredStrategy" in message, (moment, message)
+        for process in processes.values():
+            process.kill()
+            process.wait()
+
+
+def coordinate(cluster, out, *arguments):
+    """Runs the coordinator; returns its report and its output."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.parameter_server_scenarios",
+            json.dumps(cluster),
+            str(out),
+            *map(str, arguments),
+        ],
+        env=ENV,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stdout
+
+
+@pytest.fixture(scope="module")
+def cluster_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("parameter_servers")
+    with local_cluster() as (cluster, _):
+        report, output = coordinate(cluster, out)
+    return report, output, out
+
+
+@pytest.fixture(scope="module")
+def report(cluster_run):
+    return cluster_run[0]
+
+
+def test_tables_are_sharded_over_both_servers_as_on_one_device(report):
+    found = report["adagrad"]
+    assert [d.split("/device")[0] for d in found["shard_devices"]] == [
+        "/job:ps/replica:0/task:0",
+        "/job:ps/replica:0/task:1",
+    ]
+    # Each shard made on its server holds the one-device table's rows.
+    for optimizer in OPTIMIZERS:
+        assert report[optimizer]["initial_difference"] == 0.0, optimizer
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_training_equals_one_device_on_the_same_batches(report, optimizer):
+    found = report[optimizer]
+    assert len(found["order"]) == 6, found["order"]
+    assert found["moved"] > 1e-3, found
+    # Tables, slots, the dense head and the embedding step.
+    assert found["difference"] <= 1e-5, found
+
+
+def test_training_shows_keras_progress_and_history(cluster_run, report):
+    output = cluster_run[1]
+    assert "Epoch 2/2" in output and "3/3" in output, output[-2000:]
+    losses = report["sgd"]["losses"]
+    assert len(losses) == 2 and all(np.isfinite(losses)), losses
+
+
+def test_evaluate_reports_the_loss_and_changes_nothing(report):
+    found = report["adagrad"]
+    assert set(found["evaluate"]) == {"loss"}
+    assert np.isfinite(found["evaluate"]["loss"])
+    assert found["evaluate_changed"] == 0.0
+
+
+def test_lookups_on_the_servers_keep_the_ids_order(report):
+    # Ids [V - 1, 0] in one row read rows of both shards.
+    assert report["adagrad"]["predict_difference"] <= 1e-6
+
+
+def test_checkpoints_move_between_servers_and_one_device(report):
+    found = report["adagrad"]
+    keys = found["keys"]
+    assert (
+        "model/embedding/embedding_tables/item/.ATTRIBUTES/VARIABLE_VALUE"
+        in keys
+    )
+    assert found["restored_on_one_device"] == 0.0
+    assert found["restored_on_servers"] == 0.0
+
+
+def test_the_export_serves_the_models_predictions(cluster_run):
+    out = cluster_run[2]
+    saved = np.load(out / "predictions.npz")
+    served = tf.saved_model.load(str(out / "export"))
+    inputs = {k: tf.constant(saved[k]) for k in saved.files if k != "want"}
+    got = served.signatures["serving_default"](**inputs)["output_0"]
+    np.testing.assert_allclose(got.numpy(), saved["want"], atol=1e-6)
+
+
+def test_a_strategy_that_shards_dense_weights_too_is_refused(report):
+    message = report["partitioner_refusal"]
+    assert "variable_partitioner=" in message, message
+    assert "without variable_partitioner" in message, message
+
+
+def test_a_killed_worker_leaves_training_equal_to_one_device(tmp_path):
+    with local_cluster() as (cluster, processes):
+        victim = processes[("worker", 1)]
+        report, _ = coordinate(cluster, tmp_path, victim.pid)
+        assert victim.poll() is not None  # it was killed
+    assert len(report["order"]) == 6, report["order"]
+    assert report["difference"] <= 1e-5, report

@@ -45,6 +45,8 @@ import numpy as np
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_resource_variable_ops
+from keras_tpu_embed.parameter_server import shard_rows
+from keras_tpu_embed.parameter_server.sharded_tables import is_sharded
 from keras_tpu_embed.tpu.hardware import CLIENT_CPU
 from keras_tpu_embed.types import Tensor
 
@@ -439,7 +441,11 @@ def packed_words(codes: np.ndarray) -> np.ndarray:
 
 
 def gather(table: tf.Variable | QuantizedTable, ids: Tensor) -> Tensor:
-    """Rows of a float table or a `QuantizedTable`, as float32."""
+    """Rows of a float table or a `QuantizedTable`, as float32, in the
+    ids' order (also of a table sharded over parameter servers, whose
+    `tf.gather` is not: `parameter_server/shard_rows.py`)."""
     if isinstance(table, QuantizedTable):
         return table.gather(ids)
+    if is_sharded(table):
+        return shard_rows.gather(table, ids)
     return tf.gather(table, ids)

@@ -73,6 +73,8 @@ from keras_tpu_embed._compat import keras_compute_fans
 from keras_tpu_embed._compat import keras_in_stateless_scope
 from keras_tpu_embed._compat import keras_random_seed
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.parameter_server.sharded_tables import create_sharded_table
+from keras_tpu_embed.parameter_server.sharded_tables import on_parameter_servers
 from keras_tpu_embed.types import InitializerLike
 from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
@@ -225,6 +227,10 @@ def create_table(
     table larger than the host's available memory is refused first
     (`check_fits_in_memory`).
     """
+    if on_parameter_servers():
+        # Each shard made on its server; no host holds the whole table.
+        rows_of = EngineInitializer(initializer, table=name)
+        return create_sharded_table(layer, name, shape, rows_of)
     check_fits_in_memory(name, shape)
     zero = _is_zero(initializer)
     by_blocks = (

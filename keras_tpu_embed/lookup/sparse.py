@@ -291,7 +291,9 @@ class SparseTableLookup:
             unique, compiled_rows.padded_size(self._count)
         )
         self._index = dict(zip(names, parts))
-        self._rows = tf.gather(variables[self.table.name], self._unique_ids)
+        self._rows = quantization.gather(
+            variables[self.table.name], self._unique_ids
+        )
         return {self.table.name: self._rows}
 
     def outputs(

@@ -24,6 +24,8 @@ from typing import Mapping
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.optimizers import compiled_rows
 from keras_tpu_embed.optimizers.base import EmbeddingOptimizer
+from keras_tpu_embed.parameter_server import shard_rows
+from keras_tpu_embed.parameter_server.sharded_tables import is_sharded
 from keras_tpu_embed.types import Tensor
 
 
@@ -104,6 +106,20 @@ def apply_update(
             gradient = _clip(gradient, optimizer.gradient_clip_bounds)
         return _rule(optimizer, rows, old_slots, gradient, learning_rate)
 
+    if is_sharded(table):
+        # On parameter servers: order-correct gathers, per-shard writes.
+        if optimizer.updates_all_rows():
+            return shard_rows.dense_update(
+                lambda *args: _rule(optimizer, *args),
+                table,
+                slots,
+                unique_ids,
+                _clip(gradient, optimizer.gradient_clip_bounds),
+                learning_rate,
+            )
+        return shard_rows.sparse_update(
+            rule, table, slots, unique_ids, gradient, learning_rate, count
+        )
     if count is not None and not optimizer.updates_all_rows():
         assert rows is not None, "padded rows come from the forward gather"
         unique_ids, new_rows, new_slots = compiled_rows.step(

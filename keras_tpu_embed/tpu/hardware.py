@@ -14,6 +14,7 @@ import enum
 from typing import Any
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._tf_private import variable_partitioner
 
 CLIENT_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 """This process's CPU. On a pod it is the client's (which builds the input
@@ -52,30 +53,41 @@ def embedding_hardware(strategy: Any) -> EmbeddingHardware:
     return EmbeddingHardware.NO_ENGINE
 
 
-_PARAMETER_SERVER_STRATEGIES = (
-    tf.distribute.experimental.ParameterServerStrategy,
-    tf.compat.v1.distribute.experimental.ParameterServerStrategy,
-)
-
-
 def refuse_unsupported_strategy(layer: str) -> None:
-    """Raises under a strategy the layers cannot train on yet.
+    """Raises under a strategy the layers cannot train on.
 
-    `ParameterServerStrategy` with a `variable_partitioner` makes a table
-    a `ShardedVariable`, whose `tf.gather` returns rows grouped by shard,
-    not in id order: lookups would answer with other ids' rows.
+    `tf.distribute.experimental.ParameterServerStrategy` is supported
+    without a `variable_partitioner`: the layers shard their own tables
+    (`parameter_server/sharded_tables.py`). A partitioner would shard
+    Keras' dense weights too, which Keras' optimizer cannot update, and
+    make each table's initial value whole on the coordinator. TF1's
+    `tf.compat.v1` strategy is not a TF2 strategy Keras runs under.
 
     Raises:
         RuntimeError: naming the strategy and what to use instead.
     """
     strategy = tf.distribute.get_strategy()
-    if isinstance(strategy, _PARAMETER_SERVER_STRATEGIES):
+    if isinstance(
+        strategy, tf.compat.v1.distribute.experimental.ParameterServerStrategy
+    ):
         raise RuntimeError(
-            f"{layer} is created or built under {type(strategy).__name__}, "
-            "which keras_tpu_embed does not support yet: its partitioned "
-            "tables would be looked up out of id order. Train with "
-            "MultiWorkerMirroredStrategy or MirroredStrategy (tables copied "
-            "to every worker), TPUStrategy, or no strategy."
+            f"{layer} is created or built under TF1's "
+            "tf.compat.v1.distribute.experimental.ParameterServerStrategy, "
+            "which keras_tpu_embed does not support. Use "
+            "tf.distribute.experimental.ParameterServerStrategy(resolver) "
+            "with kte.parameter_server.ParameterServerTrainer."
+        )
+    if (
+        isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+        and variable_partitioner(strategy) is not None
+    ):
+        raise RuntimeError(
+            f"{layer} is created or built under a ParameterServerStrategy "
+            f"with variable_partitioner={variable_partitioner(strategy)!r}. "
+            "keras_tpu_embed shards its embedding tables over the parameter "
+            "servers itself; a partitioner would also shard the model's "
+            "dense weights, which Keras' optimizer cannot update. Create "
+            "the strategy without variable_partitioner."
         )
 
 
