@@ -158,7 +158,7 @@ def replay(optimizer, initial_head, order):
     return model
 
 
-def train(strategy, optimizer, report, kill=None):
+def train(strategy, optimizer, report, out, kill=None):
     with strategy.scope():
         model = built(optimizer)
     initial_head = [w.numpy() for w in model.head.weights]
@@ -170,8 +170,12 @@ def train(strategy, optimizer, report, kill=None):
         model, sequential=True
     )
     order = Order(kill)
+    saving = kte.parameter_server.CheckpointCallback(f"{out}/{optimizer}")
     history = trainer.fit(
-        dataset_fn, epochs=EPOCHS, steps_per_epoch=STEPS, callbacks=[order]
+        dataset_fn,
+        epochs=EPOCHS,
+        steps_per_epoch=STEPS,
+        callbacks=[order, saving],
     )
     report["order"] = order.order
     report["losses"] = history.history["loss"]
@@ -185,7 +189,7 @@ def scenarios(strategy, out):
     report = {}
     for optimizer in OPTIMIZERS:
         found = report[optimizer] = {}
-        model, trainer, reference = train(strategy, optimizer, found)
+        model, trainer, reference = train(strategy, optimizer, found, out)
         if optimizer != "adagrad":
             continue
         before = state(model)
@@ -196,14 +200,18 @@ def scenarios(strategy, out):
         found["predict_difference"] = float(
             np.abs(model(features).numpy() - reference(features).numpy()).max()
         )
-        # Checkpoints both ways, by table name.
-        path = tf.train.Checkpoint(model=model).save(f"{out}/ps/ckpt")
+        # Checkpoints both ways, by table name: the last epoch's.
+        path = tf.train.latest_checkpoint(f"{out}/{optimizer}")
         found["keys"] = sorted(k for k, _ in tf.train.list_variables(path))
         restored = built(optimizer)
-        tf.train.Checkpoint(model=restored).restore(path).expect_partial()
+        restored.optimizer.build(restored.trainable_variables)
+        tf.train.Checkpoint(
+            model=restored, optimizer=restored.optimizer
+        ).restore(path).assert_existing_objects_matched()
         found["restored_on_one_device"] = largest_difference(
             state(restored), state(model)
         )
+        found["restored_iterations"] = int(restored.optimizer.iterations)
         path = tf.train.Checkpoint(model=reference).save(f"{out}/one/ckpt")
         with strategy.scope():
             onto = built(optimizer)
@@ -246,7 +254,7 @@ def main():
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     if kill:
         report = {}
-        train(strategy, "adagrad", report, kill=kill)
+        train(strategy, "adagrad", report, out, kill=kill)
     else:
         report = scenarios(strategy, out)
         report["partitioner_refusal"] = partitioner_refusal(resolver)

@@ -172,7 +172,9 @@ def test_checkpoints_move_between_servers_and_one_device(report):
         "model/embedding/embedding_tables/item/.ATTRIBUTES/VARIABLE_VALUE"
         in keys
     )
+    # The last epoch's CheckpointCallback file, with the dense optimizer.
     assert found["restored_on_one_device"] == 0.0
+    assert found["restored_iterations"] == 6
     assert found["restored_on_servers"] == 0.0
 
 

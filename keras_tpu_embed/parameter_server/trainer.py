@@ -40,8 +40,8 @@ from keras_tpu_embed.parameter_server.sharded_tables import (
 )
 
 DatasetFn = Callable[..., Any]
-"""A function of a `tf.distribute.InputContext` returning a `tf.data.Dataset`
-of batches, run on each worker (`create_per_worker_dataset`)."""
+"""A function of no arguments returning a `tf.data.Dataset` of batches, run
+on each worker (TF's `ClusterCoordinator.create_per_worker_dataset`)."""
 
 
 class ParameterServerTrainer:
@@ -59,8 +59,8 @@ class ParameterServerTrainer:
         sequential: Run one step at a time (every step sees all earlier
             updates, the order of one device); default: asynchronous.
 
-    Example (needs a cluster; `tests/parameter_server_test.py` starts one
-    on 127.0.0.1):
+    Example (docs/multi-device.md has a complete one that starts a cluster
+    of local servers):
 
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
         with strategy.scope():
@@ -140,7 +140,10 @@ class ParameterServerTrainer:
             steps_per_epoch: Steps per epoch (required: per-worker datasets
                 have no end the coordinator can see).
             callbacks: Keras callbacks, called from the coordinator with
-                the logs of each step and epoch.
+                the logs of each step and epoch (`History`, `EarlyStopping`,
+                `CSVLogger`, `LambdaCallback`, `TerminateOnNaN`, ...); for
+                checkpoints, `CheckpointCallback` (`ModelCheckpoint` and
+                `BackupAndRestore` are refused: `check_callbacks`).
             verbose: `"auto"` or 1 for Keras' progress bar, 0 for none.
             validation_fn: A dataset function for validation at the end of
                 each epoch (logs prefixed `val_`).
@@ -151,6 +154,7 @@ class ParameterServerTrainer:
         Returns:
             The `History` callback, as `model.fit` returns it.
         """
+        check_callbacks(callbacks or ())
         steps = _required_steps(steps_per_epoch, "steps_per_epoch")
         if validation_fn is not None:
             _required_steps(validation_steps, "validation_steps")
@@ -229,6 +233,27 @@ class ParameterServerTrainer:
 
     def _metric_results(self) -> dict[str, float]:
         return _floats(self.model.get_metrics_result())
+
+
+def check_callbacks(callbacks: Sequence[keras.callbacks.Callback]) -> None:
+    """Refuses the callbacks that would gather whole tables onto the
+    coordinator: Keras' own checkpoints write Keras files, which read each
+    variable whole (`epoch_checkpoints.py`).
+
+    Raises:
+        ValueError: naming the callback and what to use instead.
+    """
+    whole = (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)
+    for callback in callbacks:
+        if isinstance(callback, whole):
+            raise ValueError(
+                f"{type(callback).__name__} writes Keras files, which read "
+                "every table whole onto the coordinator; on parameter "
+                "servers use kte.parameter_server.CheckpointCallback(directory)"
+                ", which writes a TensorFlow checkpoint one shard per server "
+                "(restore it with tf.train.Checkpoint(model=model, "
+                "optimizer=model.optimizer).restore(...))."
+            )
 
 
 def _floats(logs: Any) -> dict[str, Any]:
