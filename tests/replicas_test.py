@@ -281,9 +281,21 @@ for spec in json.loads(sys.argv[1]):
 
 OPTIMIZERS = ["sgd", "adagrad", "adam", "adam_dense", "ftrl"]
 PATHS = ["host", "tensor_core"]
-# (optimizer, path, form, loop): every scenario of this file.
+# A "save" scenario trains as "fit" does (fit, evaluate and predict, on one
+# device and on the replicas, from the same seed), then checkpoints and
+# exports: its result holds every number of the "fit" one, so Adam's "fit"
+# cases read it instead of training the same model a second time.
+SAME_TRAINING = {
+    ("adam", p, "dense", "fit"): ("adam", p, "dense", "save") for p in PATHS
+}
+# (optimizer, path, form, loop): every scenario this process runs.
 SCENARIOS = [
-    *[(o, p, "dense", "fit") for o in OPTIMIZERS for p in PATHS],
+    *[
+        (o, p, "dense", "fit")
+        for o in OPTIMIZERS
+        for p in PATHS
+        if (o, p, "dense", "fit") not in SAME_TRAINING
+    ],
     *[("adagrad", p, "short", "fit") for p in PATHS],
     *[("adagrad", "host", f, "custom") for f in ("sparse", "ragged")],
     ("ftrl", "tensor_core", "dense", "distribute_dataset"),
@@ -315,7 +327,8 @@ def scenarios(tmp_path_factory):
 
 
 def _run(scenarios, optimizer, path, form, loop="fit"):
-    answer = scenarios[(optimizer, path, form, loop)]
+    key = (optimizer, path, form, loop)
+    answer = scenarios[SAME_TRAINING.get(key, key)]
     assert "error" not in answer, answer.get("error")
     return answer["result"]
 
