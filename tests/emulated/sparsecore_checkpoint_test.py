@@ -9,9 +9,11 @@ CPU model from the same values.
 """
 
 import pathlib
+import types
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
@@ -49,12 +51,34 @@ def _build(strategy, seed):
         return training.build(models.OPTIMIZERS[OPTIMIZER]())
 
 
-def test_sparse_core_tables_reach_a_cpu_model_and_come_back(tmp_path):
+@pytest.fixture(scope="module")
+def on_sparse_core(tmp_path_factory):
+    """The model of `sparsecore_training_test` trained once on SparseCore
+    (the costly part: tracing a step under TF's `TPUEmbeddingV2`), its
+    tables, and the files each test restores from: its engine checkpoint
+    (`engine`), Keras weights (`weights`), `tf.train.Checkpoint` of the
+    model (`whole`) and of the embedding layer alone (`layer`). Training
+    is seeded, so this is what each test trained on its own before."""
+    directory = tmp_path_factory.mktemp("sparse_core")
     with emulated_tpu(2, embedding_feature="V2") as strategy:
         model, _, _ = training._fit(strategy, OPTIMIZER)
-        trained = training._tables(model)
-        path = _write(model, tmp_path / "sparse_core")
+        weights = str(directory / "sparse_core.weights.h5")
+        model.save_weights(weights)
+        return types.SimpleNamespace(
+            trained=training._tables(model),
+            engine=_write(model, directory / "engine"),
+            weights=weights,
+            whole=tf.train.Checkpoint(model=model).write(str(directory / "m")),
+            layer=tf.train.Checkpoint(layer=model.get_layer("embed")).write(
+                str(directory / "tpu")
+            ),
+        )
 
+
+def test_sparse_core_tables_reach_a_cpu_model_and_come_back(
+    tmp_path, on_sparse_core
+):
+    trained, path = on_sparse_core.trained, on_sparse_core.engine
     # On CPU, from other initial values: every table and slot arrives.
     cpu = _build(tf.distribute.get_strategy(), seed=5)
     assert not np.allclose(training._tables(cpu)["genres"], trained["genres"])
@@ -91,13 +115,11 @@ def test_sparse_core_tables_reach_a_cpu_model_and_come_back(tmp_path):
     models.assert_values_equal(early_trained, training._tables(cpu))
 
 
-def test_keras_save_paths_carry_sparse_core_tables_both_ways(tmp_path):
-    weights = str(tmp_path / "sparse_core.weights.h5")
-    with emulated_tpu(2, embedding_feature="V2") as strategy:
-        model, _, _ = training._fit(strategy, OPTIMIZER)
-        trained = training._tables(model)
-        model.save_weights(weights)
-        whole = tf.train.Checkpoint(model=model).write(str(tmp_path / "m"))
+def test_keras_save_paths_carry_sparse_core_tables_both_ways(
+    tmp_path, on_sparse_core
+):
+    trained = on_sparse_core.trained
+    weights, whole = on_sparse_core.weights, on_sparse_core.whole
     for load in ("save_weights", "checkpoint"):
         cpu = _build(tf.distribute.get_strategy(), seed=5)
         if load == "save_weights":
@@ -283,13 +305,10 @@ def test_sparse_core_checkpoints_move_tables_by_name_both_ways(
     _assert_bit_equal(from_cpu_engine_after, on_cpu)
 
 
-def test_a_checkpoint_of_other_sparse_cores_restores(tmp_path):
+def test_a_checkpoint_of_other_sparse_cores_restores(on_sparse_core):
     """Saved on 8 SparseCores, restored on 4 (2 per chip), before and
     after the first step."""
-    with emulated_tpu(2, embedding_feature="V2") as strategy:
-        model, _, _ = training._fit(strategy, OPTIMIZER)
-        trained = training._tables(model)
-        path = _write(model, tmp_path / "eight")
+    trained, path = on_sparse_core.trained, on_sparse_core.engine
     restored = []
     for when in ("before", "after"):
         with emulated_tpu(2, embedding_feature="V2") as strategy:
@@ -343,7 +362,7 @@ def test_checkpoints_of_whole_tables_still_restore():
         _assert_bit_equal(tables, expected)
 
 
-def test_a_layer_restored_before_it_is_built(tmp_path):
+def test_a_layer_restored_before_it_is_built(tmp_path, on_sparse_core):
     """`tf.train.Checkpoint(layer=...).read` before the layer is built:
     TF defers it until the tables exist, by name, from CPU and from
     SparseCore checkpoints alike."""
@@ -352,12 +371,7 @@ def test_a_layer_restored_before_it_is_built(tmp_path):
     cpu_path = tf.train.Checkpoint(layer=cpu.get_layer("embed")).write(
         str(tmp_path / "cpu")
     )
-    with emulated_tpu(2, embedding_feature="V2") as strategy:
-        model, _, _ = training._fit(strategy, OPTIMIZER)
-        trained = training._tables(model)
-        tpu_path = tf.train.Checkpoint(layer=model.get_layer("embed")).write(
-            str(tmp_path / "tpu")
-        )
+    trained, tpu_path = on_sparse_core.trained, on_sparse_core.layer
     restored = []
     for path in (cpu_path, tpu_path):
         with emulated_tpu(2, embedding_feature="V2") as strategy:
