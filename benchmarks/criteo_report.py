@@ -23,8 +23,11 @@ def paired(records: dict, candidate: str, anchor: str) -> float:
 def report(result: dict[str, Any]) -> str:
     spec = result["spec"]
     records = result["training"]
+    # 26 tables, but in a quick run (`workloads.QUICK_CRITEO_FEATURES`).
+    tables = len(spec.get("cardinalities", W.CRITEO_KAGGLE_CARDINALITIES))
     lines = [
-        f"W4 (Criteo-shaped: 26 tables capped at {spec['row_cap']:,} rows, "
+        f"W4 (Criteo-shaped: {tables} tables capped at "
+        f"{spec['row_cap']:,} rows, "
         f"dim {spec['dim']}, Zipf {W.ZIPF_EXPONENT}, batch "
         f"{spec['batch_size']:,}; state {result['table_bytes'] / 2**20:,.0f}"
         " MiB of tables)",
