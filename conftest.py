@@ -31,6 +31,7 @@ SLOW_FILES = (
     "emulated_sparsecore_test.py",  # the SparseCore files
     "replicas_test.py",  # 258
     "benchmarks_test.py",  # 130, one module fixture
+    "parameter_server_test.py",  # 130, clusters of local server processes
     "quantization_test.py",  # 97
     "notebooks_test.py",  # 52 (+ 60 for notebook 04 under the emulation)
     "install_test.py",  # 40

@@ -3,8 +3,9 @@ exports on a cluster of local servers, and replays each training on one
 device in the same process; prints one JSON line of what it found.
 
 Run as `python -m tests.parameter_server_scenarios CLUSTER OUT [KILL]`:
-CLUSTER is the cluster spec as JSON, OUT a directory for files, KILL a
-worker process id to kill after the second step (the fault scenario).
+CLUSTER is the cluster spec as JSON, OUT a directory for files, KILL the
+process id of a worker (or `ps:` and a parameter server's) to kill after
+the second step (the fault scenarios).
 """
 
 import json
@@ -247,18 +248,25 @@ def partitioner_refusal(resolver):
 def main():
     cluster = tf.train.ClusterSpec(json.loads(sys.argv[1]))
     out = sys.argv[2]
-    kill = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    kill = sys.argv[3] if len(sys.argv) > 3 else None
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         cluster, rpc_layer="grpc"
     )
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    if kill:
+    if kill and kill.startswith("ps:"):
         report = {}
-        train(strategy, "adagrad", report, out, kill=kill)
+        try:
+            train(strategy, "adagrad", report, out, kill=int(kill[3:]))
+            report["error"] = None
+        except RuntimeError as error:
+            report["error"] = str(error)
+    elif kill:
+        report = {}
+        train(strategy, "adagrad", report, out, kill=int(kill))
     else:
         report = scenarios(strategy, out)
         report["partitioner_refusal"] = partitioner_refusal(resolver)
-    print(json.dumps(report), flush=True)
+    print("\n" + json.dumps(report), flush=True)
     # The coordinator's threads keep polling the servers: leave at once.
     os._exit(0)
 

@@ -1,95 +1,27 @@
 """Training on TensorFlow's parameter servers, on a cluster of local
 processes: 2 parameter servers and 2 workers on 127.0.0.1, started and
-stopped here, and a coordinator process (`parameter_server_scenarios.py`;
-it connects its process to the cluster for the rest of its life) that
-trains, checkpoints and exports, and replays each training on one device.
+stopped here (`keras_tpu_embed.testing.local_cluster`), and a coordinator
+process (`parameter_server_scenarios.py`; it connects its process to the
+cluster for the rest of its life) that trains, checkpoints and exports,
+and replays each training on one device.
 """
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from keras_tpu_embed.testing.local_cluster import local_cluster
 from tests.parameter_server_scenarios import OPTIMIZERS
 
 pytestmark = pytest.mark.slow
 
-SERVER = textwrap.dedent(
-    """
-    import json, sys
-    import tensorflow as tf
-    cluster, job, index = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
-        protocol="grpc", start=True)
-    print("ready", flush=True)
-    server.join()
-    """
-)
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-
-
-def _ports(count):
-    """Free ports, kept from other test processes: each xdist worker
-    searches its own range."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    base = 30000 + 2000 * int(worker.lstrip("gw") or 0) + (os.getpid() % 500)
-    ports = []
-    candidate = base
-    while len(ports) < count:
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", candidate))
-                ports.append(candidate)
-            except OSError:
-                pass
-        candidate += 1
-    return ports
-
-
-@contextlib.contextmanager
-def local_cluster(parameter_servers=2, workers=2):
-    """The servers as processes; yields the cluster spec and the processes
-    by task, and kills every one of them on the way out."""
-    ports = _ports(parameter_servers + workers)
-    cluster = {
-        "ps": [f"127.0.0.1:{p}" for p in ports[:parameter_servers]],
-        "worker": [f"127.0.0.1:{p}" for p in ports[parameter_servers:]],
-    }
-    processes = {
-        (job, index): subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                SERVER,
-                json.dumps(cluster),
-                job,
-                str(index),
-            ],
-            env=ENV,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for job in ("ps", "worker")
-        for index in range(len(cluster[job]))
-    }
-    try:
-        for process in processes.values():
-            assert process.stdout.readline().strip() == "ready"
-        yield cluster, processes
-    finally:
-        for process in processes.values():
-            process.kill()
-            process.wait()
 
 
 def coordinate(cluster, out, *arguments):
@@ -200,3 +132,14 @@ def test_a_killed_worker_leaves_training_equal_to_one_device(tmp_path):
         assert victim.poll() is not None  # it was killed
     assert len(report["order"]) == 6, report["order"]
     assert report["difference"] <= 1e-5, report
+
+
+def test_a_killed_parameter_server_stops_training_naming_it(tmp_path):
+    with local_cluster() as (cluster, processes):
+        victim = processes[("ps", 1)]
+        report, _ = coordinate(cluster, tmp_path, f"ps:{victim.pid}")
+    message = report["error"]
+    assert message and "/job:ps/task:1" in message, report
+    assert "restore the last checkpoint" in message, message
+    # The rows it held: the second half of each 11-row table.
+    assert "item rows 6..10" in message, message

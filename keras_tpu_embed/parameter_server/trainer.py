@@ -113,10 +113,7 @@ class ParameterServerTrainer:
         epochs (each worker's dataset should repeat)."""
         key = id(dataset_fn)
         if key not in self._iterators:
-            with reported_failures(self.model):
-                per_worker = self.coordinator.create_per_worker_dataset(
-                    dataset_fn
-                )
+            per_worker = self.coordinator.create_per_worker_dataset(dataset_fn)
             self._iterators[key] = (dataset_fn, iter(per_worker))
         return self._iterators[key][1]
 
@@ -168,25 +165,28 @@ class ParameterServerTrainer:
             epochs=epochs,
             steps=steps,
         )
-        self.model.stop_training = False
-        callback_list.on_train_begin()
-        epoch_logs: dict[str, Any] = {}
-        for epoch in range(initial_epoch, epochs):
-            self.model.reset_metrics()
-            callback_list.on_epoch_begin(epoch)
-            self._run_steps(self._train_step, iterator, steps, callback_list)
-            epoch_logs = self._metric_results()
-            if validation_fn is not None:
-                validation = self.evaluate(
-                    validation_fn, steps=validation_steps
+        with reported_failures(self.model):
+            self.model.stop_training = False
+            callback_list.on_train_begin()
+            epoch_logs: dict[str, Any] = {}
+            for epoch in range(initial_epoch, epochs):
+                self.model.reset_metrics()
+                callback_list.on_epoch_begin(epoch)
+                self._run_steps(
+                    self._train_step, iterator, steps, callback_list
                 )
-                epoch_logs.update(
-                    {f"val_{key}": v for key, v in validation.items()}
-                )
-            callback_list.on_epoch_end(epoch, epoch_logs)
-            if self.model.stop_training:
-                break
-        callback_list.on_train_end(epoch_logs)
+                epoch_logs = self._metric_results()
+                if validation_fn is not None:
+                    validation = self.evaluate(
+                        validation_fn, steps=validation_steps
+                    )
+                    epoch_logs.update(
+                        {f"val_{key}": v for key, v in validation.items()}
+                    )
+                callback_list.on_epoch_end(epoch, epoch_logs)
+                if self.model.stop_training:
+                    break
+            callback_list.on_train_end(epoch_logs)
         history: keras.callbacks.History = self.model.history
         return history
 
@@ -201,10 +201,11 @@ class ParameterServerTrainer:
             return_dict=True)` returns them.
         """
         count = _required_steps(steps, "steps")
-        iterator = self._iterator(dataset_fn)
-        self.model.reset_metrics()
-        self._run_steps(self._test_step, iterator, count, None)
-        return self._metric_results()
+        with reported_failures(self.model):
+            iterator = self._iterator(dataset_fn)
+            self.model.reset_metrics()
+            self._run_steps(self._test_step, iterator, count, None)
+            return self._metric_results()
 
     def _run_steps(
         self,
@@ -213,23 +214,20 @@ class ParameterServerTrainer:
         steps: int,
         callback_list: keras.callbacks.CallbackList | None,
     ) -> None:
-        """Schedules `steps` steps; reports each in order as it ends."""
-        scheduled = []
-        with reported_failures(self.model):
-            for step in range(steps):
-                if callback_list is not None:
-                    callback_list.on_train_batch_begin(step)
-                remote = self.coordinator.schedule(function, args=(iterator,))
-                if self.sequential:
-                    self.coordinator.join()
-                scheduled.append(remote)
-                if self.model.stop_training:
-                    break
-            for step, remote in enumerate(scheduled):
-                logs = remote.fetch()
-                if callback_list is not None:
-                    callback_list.on_train_batch_end(step, _floats(logs))
-            self.coordinator.join()
+        """Schedules `steps` steps; reports each in order as it ends (in
+        sequential mode, each before the next is scheduled)."""
+        pending: list[tuple[int, Any]] = []
+        for step in range(steps):
+            if callback_list is not None:
+                callback_list.on_train_batch_begin(step)
+            remote = self.coordinator.schedule(function, args=(iterator,))
+            pending.append((step, remote))
+            if self.sequential:
+                _report(pending, callback_list)
+            if self.model.stop_training:
+                break
+        _report(pending, callback_list)
+        self.coordinator.join()
 
     def _metric_results(self) -> dict[str, float]:
         return _floats(self.model.get_metrics_result())
@@ -254,6 +252,19 @@ def check_callbacks(callbacks: Sequence[keras.callbacks.Callback]) -> None:
                 "(restore it with tf.train.Checkpoint(model=model, "
                 "optimizer=model.optimizer).restore(...))."
             )
+
+
+def _report(
+    pending: list[tuple[int, Any]],
+    callback_list: keras.callbacks.CallbackList | None,
+) -> None:
+    """Waits for each pending step in order and hands its logs to the
+    callbacks; empties `pending`."""
+    for step, remote in pending:
+        logs = _floats(remote.fetch())
+        if callback_list is not None:
+            callback_list.on_train_batch_end(step, logs)
+    pending.clear()
 
 
 def _floats(logs: Any) -> dict[str, Any]:
