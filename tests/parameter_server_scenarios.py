@@ -23,8 +23,31 @@ VOCAB, DIM, BATCH = 11, 4, 4
 STEPS, EPOCHS = 3, 2
 
 
-def columns():
+def columns(kind="pooled"):
     seed = keras.initializers.RandomUniform(-1.0, 1.0, seed=3)
+    if kind == "shared_tensor_core":
+        # Two features sharing one table, and a table on the tensor-core
+        # (dense) path.
+        shared = kte.shared_embedding_columns(
+            [
+                kte.categorical_column_with_identity("item", VOCAB),
+                kte.categorical_column_with_identity("tag", VOCAB),
+            ],
+            DIM,
+            combiner="sum",
+            initializer=seed,
+        )
+        history = kte.categorical_column_with_identity("history", VOCAB)
+        return [
+            *shared,
+            kte.embedding_column(
+                history,
+                DIM,
+                initializer=seed,
+                embedding_lookup_device="tpu_tensor_core",
+                tensor_core_shape=[None, 3],
+            ),
+        ]
     item = kte.categorical_column_with_identity("item", VOCAB)
     tag = kte.weighted_categorical_column(
         kte.categorical_column_with_identity("tag", VOCAB), "tag_weight"
@@ -44,6 +67,7 @@ OPTIMIZERS = {
     "adagrad": lambda: kte.optimizers.Adagrad(0.2),
     "adam": lambda: kte.optimizers.Adam(0.05),
     "adam_dense": lambda: kte.optimizers.Adam(0.05, lazy_adam=False),
+    "shared_tensor_core": lambda: kte.optimizers.Adagrad(0.2),
 }
 
 
@@ -55,7 +79,8 @@ class Ranker(keras.Model):
     def __init__(self, optimizer):
         super().__init__()
         config = kte.EmbeddingConfig(optimizer=OPTIMIZERS[optimizer]())
-        self.embedding = kte.TPUEmbeddingLayer(columns(), config=config)
+        kind = optimizer if optimizer == "shared_tensor_core" else "pooled"
+        self.embedding = kte.TPUEmbeddingLayer(columns(kind), config=config)
         self.head = keras.layers.Dense(
             1, kernel_initializer=keras.initializers.GlorotUniform(seed=1)
         )
@@ -163,8 +188,11 @@ def train(strategy, optimizer, report, out, kill=None):
     with strategy.scope():
         model = built(optimizer)
     initial_head = [w.numpy() for w in model.head.weights]
-    table = model.embedding.embedding_tables.table_variables()["item"]
-    report["shard_devices"] = [v.device for v in table.value.variables]
+    tables = model.embedding.embedding_tables.table_variables()
+    report["shard_devices"] = {
+        name: [v.device for v in table.value.variables]
+        for name, table in tables.items()
+    }
     one = built(optimizer)
     report["initial_difference"] = largest_difference(state(model), state(one))
     trainer = kte.parameter_server.ParameterServerTrainer(

@@ -238,7 +238,9 @@ def _read_rows(values: Any, start: int, stop: int) -> np.ndarray:
     # that read copies the whole table once the variable has been gathered
     # from (TF's copy-on-read mode, i.e. after any training step) or
     # assigned a slice, which is the copy this function exists to avoid.
-    rows = tf.gather(values, tf.range(start, stop, dtype=tf.int64))
+    # Through `gather`: a table on parameter servers reads each shard's
+    # rows on its server.
+    rows = gather(values, tf.range(start, stop, dtype=tf.int64))
     return np.asarray(rows, np.float32)
 
 
