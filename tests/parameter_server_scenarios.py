@@ -137,7 +137,9 @@ def dataset_fn(context=None):
 def built(optimizer):
     model = Ranker(optimizer)
     model(dict(BATCHES[0][0]))
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"]
+    )
     return model
 
 
@@ -153,6 +155,12 @@ def state(model):
     )
     found["embedding_step"] = model.embedding.embedding_step.numpy()
     return found
+
+
+def tables_of(model):
+    """The embedding tables and slots only."""
+    found = state(model)
+    return {k: v for k, v in found.items() if not k.startswith("head_")}
 
 
 def largest_difference(a, b):
@@ -205,7 +213,10 @@ def train(strategy, optimizer, report, out, kill=None):
         epochs=EPOCHS,
         steps_per_epoch=STEPS,
         callbacks=[order, saving],
+        validation_fn=dataset_fn,
+        validation_steps=1,
     )
+    report["history"] = sorted(history.history)
     report["order"] = order.order
     report["losses"] = history.history["loss"]
     reference = replay(optimizer, initial_head, order.order)
@@ -247,6 +258,24 @@ def scenarios(strategy, out):
         tf.train.Checkpoint(model=onto).restore(path).expect_partial()
         found["restored_on_servers"] = largest_difference(
             state(onto), state(reference)
+        )
+        # The engine's names (`engine_checkpoint`, `restore_tables`).
+        path = tf.train.Checkpoint(
+            embedding=kte.engine_checkpoint(model)
+        ).write(f"{out}/engine_ps/ckpt")
+        restored = built(optimizer)
+        kte.restore_tables(restored, path)
+        found["restore_tables_on_one_device"] = largest_difference(
+            tables_of(restored), tables_of(model)
+        )
+        path = tf.train.Checkpoint(
+            embedding=kte.engine_checkpoint(reference)
+        ).write(f"{out}/engine_one/ckpt")
+        with strategy.scope():
+            onto = built(optimizer)
+        kte.restore_tables(onto, path)
+        found["restore_tables_on_servers"] = largest_difference(
+            tables_of(onto), tables_of(reference)
         )
         kte.export_saved_model(model, f"{out}/export")
         np.savez(
