@@ -157,6 +157,15 @@ def state(model):
     return found
 
 
+def error_of(model, features):
+    """The message of the error calling `model` raises, or None."""
+    try:
+        model(features)
+    except Exception as error:  # noqa: BLE001
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
 def tables_of(model):
     """The embedding tables and slots only."""
     found = state(model)
@@ -240,6 +249,9 @@ def scenarios(strategy, out):
         found["predict_difference"] = float(
             np.abs(model(features).numpy() - reference(features).numpy()).max()
         )
+        # An id past the table: the same refusal as on one device.
+        bad = dict(features, item=np.array([[VOCAB, 0]] * BATCH))
+        found["out_of_range"] = [error_of(m, bad) for m in (model, reference)]
         # Checkpoints both ways, by table name: the last epoch's.
         path = tf.train.latest_checkpoint(f"{out}/{optimizer}")
         found["keys"] = sorted(k for k, _ in tf.train.list_variables(path))

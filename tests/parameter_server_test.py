@@ -106,6 +106,14 @@ def test_lookups_on_the_servers_keep_the_ids_order(report):
     assert report["adagrad"]["predict_difference"] <= 1e-6
 
 
+def test_an_id_past_the_table_is_refused_as_on_one_device(report):
+    on_servers, on_one_device = report["adagrad"]["out_of_range"]
+    assert on_one_device and "item" in on_one_device, on_one_device
+    assert on_servers is not None, "an id past the table was looked up"
+    assert on_servers.split(":")[0] == on_one_device.split(":")[0]
+    assert "item" in on_servers and str(11) in on_servers, on_servers
+
+
 def test_checkpoints_move_between_servers_and_one_device(report):
     found = report["adagrad"]
     keys = found["keys"]
