@@ -540,3 +540,23 @@ def sharded_variable_saveables(value: Any) -> Any:
     variable holding one must hand on itself.
     """
     return value._gather_saveables_for_checkpoint()
+
+
+def replica_local_variable(variable: Any) -> Any:
+    """This replica's copy of a mirrored variable, in a replica context.
+
+    `DistributedVariable._get_on_device_or_primary` (`values.py`). Needed
+    because `tf.gather` on a `MirroredVariable` in a replica context finds
+    no `sparse_read` (attribute access is refused there) and gathers from
+    the variable converted to a tensor: the whole table read, and copied
+    once the variable is in TF's copy-on-read mode, at every gather
+    (measured: 232 ms a gather of 8k rows from a 2,000,000 x 32 table under
+    `MirroredStrategy`, 2 ms from the replica's copy). Anything else is
+    returned as it is.
+    """
+    if isinstance(variable, tf.distribute.DistributedValues) and (
+        tf.distribute.in_cross_replica_context() is False
+        and tf.distribute.has_strategy()
+    ):
+        return variable._get_on_device_or_primary()
+    return variable

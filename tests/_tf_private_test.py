@@ -123,3 +123,36 @@ def test_cloned_feature_configs_keep_shared_tables_shared():
     assert clone["a"] is not features["a"]
     assert clone["a"].table is clone["b"].table
     assert clone["a"].table.name == "t"
+
+
+def test_the_replica_local_variable_is_the_replicas_own_copy():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        table = tf.Variable([[1.0], [2.0], [3.0]])
+    # Outside a replica: the mirrored variable itself.
+    assert _tf_private.replica_local_variable(table) is table
+    copies = []
+
+    def replica():
+        local = _tf_private.replica_local_variable(table)
+        copies.append(local)
+        return tf.gather(local, [2, 0])
+
+    rows = strategy.run(replica)
+    (local,) = copies
+    assert not isinstance(local, tf.distribute.DistributedValues)
+    assert local is strategy.experimental_local_results(table)[0]
+    assert rows.numpy().tolist() == [[3.0], [1.0]]
+
+
+def test_sharded_variable_is_tfs_and_saves_one_slice_per_shard():
+    parts = [tf.Variable(tf.zeros([2, 1])), tf.Variable(tf.ones([1, 1]))]
+    sharded = _tf_private.sharded_variable_class()(parts)
+    factories = _tf_private.sharded_variable_saveables(sharded)
+    saveables = factories["VARIABLE_VALUE"]("table")
+    assert len(saveables) == 2  # one slice per shard
+    assert [s.specs[0].slice_spec for s in saveables] == [
+        "3 1 0,2:0,1",
+        "3 1 2,1:0,1",
+    ]
+    assert tf.convert_to_tensor(sharded).shape == (3, 1)

@@ -193,3 +193,51 @@ def test_local_tables_answer_activations_for_every_column():
     np.testing.assert_allclose(
         answer.values["item_embedding"], [(table[1] + table[2]) / 2]
     )
+
+
+@pytest.mark.parametrize("device", [None, "tpu_tensor_core"])
+def test_a_replicated_step_reads_the_rows_it_needs_not_the_table(device):
+    # `tf.gather` on a MirroredVariable in a replica context converts the
+    # whole variable to a tensor: 232 ms a step on a 2,000,000-row table,
+    # against 2 ms from the replica's own copy. No step may read a
+    # [vocabulary, dim] tensor of the table (training or not).
+    vocabulary = 997  # a shape nothing else in the step has
+    column = kte.embedding_column(
+        kte.categorical_column_with_identity("ids", vocabulary),
+        DIM,
+        embedding_lookup_device=device,
+        tensor_core_shape=[None, 2] if device else None,
+    )
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        layer = kte.TPUEmbeddingLayer(
+            [column],
+            config=kte.EmbeddingConfig(optimizer=kte.optimizers.Adagrad(0.1)),
+        )
+        layer.build()
+
+    @tf.function
+    def step(ids):
+        def replica(ids):
+            with tf.GradientTape() as tape:
+                out = layer({"ids": ids}, training=True)["ids_embedding"]
+                loss = tf.reduce_sum(out)
+            return tape.gradient(loss, layer.trainable_variables)
+
+        return strategy.run(replica, args=(ids,))
+
+    ids = tf.constant([[1, 996], [5, -1]], tf.int64)
+    before = layer.table_variable("ids").numpy().copy()
+    step(ids)
+    graphs = [step.get_concrete_function(ids).graph]
+    graphs += [f.graph for f in graphs[0]._functions.values()]  # noqa: SLF001
+    whole = [
+        f"{graph.name}: {op.type} {op.name}"
+        for graph in graphs
+        for op in graph.get_operations()
+        if op.type == "ReadVariableOp"
+        and op.outputs[0].shape.as_list() == [vocabulary, DIM]
+    ]
+    assert whole == [], whole
+    after = layer.table_variable("ids").numpy()
+    assert sorted(np.where(np.any(before != after, axis=1))[0]) == [1, 5, 996]

@@ -45,6 +45,7 @@ import numpy as np
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_resource_variable_ops
+from keras_tpu_embed._tf_private import replica_local_variable
 from keras_tpu_embed.parameter_server import shard_rows
 from keras_tpu_embed.parameter_server.sharded_tables import is_sharded
 from keras_tpu_embed.tpu.hardware import CLIENT_CPU
@@ -450,4 +451,4 @@ def gather(table: tf.Variable | QuantizedTable, ids: Tensor) -> Tensor:
         return table.gather(ids)
     if is_sharded(table):
         return shard_rows.gather(table, ids)
-    return tf.gather(table, ids)
+    return tf.gather(replica_local_variable(table), ids)

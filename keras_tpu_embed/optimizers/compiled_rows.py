@@ -23,6 +23,7 @@ from typing import Callable
 from typing import Mapping
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._tf_private import replica_local_variable
 from keras_tpu_embed.types import Tensor
 
 Rule = Callable[
@@ -97,9 +98,10 @@ def step(
 
     run = tf.function(compiled, jit_compile=True, autograph=False)
     learning_rate = tf.cast(learning_rate, rows.dtype)
-    new_rows, new_slots = run(
-        ids, rows, gradient, learning_rate, *[slots[n] for n in names]
-    )
+    # The replica's own copies: `tf.gather` on a mirrored variable reads
+    # all of it (`_tf_private.replica_local_variable`).
+    held = [replica_local_variable(slots[n]) for n in names]
+    new_rows, new_slots = run(ids, rows, gradient, learning_rate, *held)
 
     def cut(t: Tensor) -> Tensor:
         return t[:count]

@@ -22,6 +22,7 @@ from typing import Any
 from typing import Mapping
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed._tf_private import replica_local_variable
 from keras_tpu_embed.optimizers import compiled_rows
 from keras_tpu_embed.optimizers.base import EmbeddingOptimizer
 from keras_tpu_embed.parameter_server import shard_rows
@@ -136,10 +137,13 @@ def apply_update(
         rows = table.read_value()
         old_slots = {name: var.read_value() for name, var in slots.items()}
     else:
+        # The replica's own copies: `tf.gather` on a mirrored variable
+        # reads all of it (`_tf_private.replica_local_variable`).
         if rows is None:
-            rows = tf.gather(table, unique_ids)
+            rows = tf.gather(replica_local_variable(table), unique_ids)
         old_slots = {
-            name: tf.gather(var, unique_ids) for name, var in slots.items()
+            name: tf.gather(replica_local_variable(var), unique_ids)
+            for name, var in slots.items()
         }
     new_rows, new_slots = rule(
         rows, old_slots, gradient, tf.cast(learning_rate, rows.dtype)
