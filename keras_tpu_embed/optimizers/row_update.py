@@ -119,7 +119,7 @@ def apply_update(
                 learning_rate,
             )
         return shard_rows.sparse_update(
-            rule, table, slots, unique_ids, gradient, learning_rate, count
+            rule, table, slots, unique_ids, gradient, learning_rate, count, rows
         )
     if count is not None and not optimizer.updates_all_rows():
         assert rows is not None, "padded rows come from the forward gather"

@@ -56,6 +56,7 @@ def sparse_update(
     gradient: Tensor,
     learning_rate: Tensor,
     count: Tensor | None = None,
+    rows: Tensor | None = None,
 ) -> list[Any]:
     """One step of `rule` on the rows at `unique_ids` of a sharded table.
 
@@ -68,6 +69,8 @@ def sparse_update(
         gradient: Each row's summed gradient.
         learning_rate: A scalar.
         count: How many of `unique_ids` are real.
+        rows: The table's rows at `unique_ids` (padded like them), when
+            the forward pass gathered them already: not read again.
 
     Returns:
         The scatter ops.
@@ -76,7 +79,9 @@ def sparse_update(
         # The padding repeats row 0 with a zero gradient: a rule that moves
         # rows on a zero gradient must not see it.
         unique_ids, gradient = unique_ids[:count], gradient[:count]
-    rows = gather(table, unique_ids)
+        rows = None if rows is None else rows[:count]
+    if rows is None:
+        rows = gather(table, unique_ids)
     old = {name: gather(slot, unique_ids) for name, slot in slots.items()}
     new_rows, new_slots = rule(
         rows, old, gradient, tf.cast(learning_rate, rows.dtype)
