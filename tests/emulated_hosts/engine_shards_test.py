@@ -8,55 +8,16 @@ keys stay those of a CPU model's whole variables, which read the slices as
 one tensor.
 """
 
-import contextlib
-
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.checkpoint import functional_saver
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.testing import emulated_tpu
 from tests.emulated import models
-
-HOSTS = 2
-REPLICAS = 4
-
-
-@contextlib.contextmanager
-def _recorded_saves():
-    """Each `SaveV2` TF builds for a checkpoint: (device, {key: slice})."""
-    saves = []
-    original = functional_saver.io_ops.save_v2
-
-    def save_v2(prefix, tensor_names, shape_and_slices, tensors, name=None):
-        # A constant made here takes the device TF saves this shard on.
-        device = tf.constant(0).device
-        saves.append((device, dict(zip(tensor_names, shape_and_slices))))
-        return original(prefix, tensor_names, shape_and_slices, tensors, name)
-
-    functional_saver.io_ops.save_v2 = save_v2
-    try:
-        yield saves
-    finally:
-        functional_saver.io_ops.save_v2 = original
-
-
-@contextlib.contextmanager
-def _counted_retrieves(model):
-    """How often TF's mid-level object retrieves its tables from the chip."""
-    mid_level = model.get_layer("embed").engine.mid_level
-    original = mid_level._retrieve_variables
-    calls = []
-
-    def retrieve():
-        calls.append(1)
-        return original()
-
-    mid_level._retrieve_variables = retrieve
-    try:
-        yield calls
-    finally:
-        mid_level._retrieve_variables = original
+from tests.emulated_hosts.trained_pod import HOSTS
+from tests.emulated_hosts.trained_pod import REPLICAS
+from tests.emulated_hosts.trained_pod import counted_retrieves
+from tests.emulated_hosts.trained_pod import recorded_saves
 
 
 def _slices_by_key(saves):
@@ -87,48 +48,44 @@ def _assert_saved_per_host(saves, container, slots):
             ], (table, slot, slices)
 
 
+# The Adagrad tests check one training on the pod, `adagrad_pod`
+# (`trained_pod.py`, shared with `chip_shards_test.py`): a fit costs tens of
+# CPU seconds there.
+
+
 def test_a_model_checkpoint_on_two_hosts_saves_each_host_shard_there(
-    tmp_path,
+    adagrad_pod,
 ):
-    with emulated_tpu(REPLICAS, num_hosts=HOSTS) as strategy:
-        model = models.build_emulated(strategy, "adagrad")
-        model.fit(models.batches(strategy), epochs=1, verbose=0)
-        with _recorded_saves() as saves, _counted_retrieves(model) as calls:
-            path = tf.train.Checkpoint(model=model).write(str(tmp_path / "pod"))
-        trained = models.engine_values(model)
     # One retrieve from the chip for the whole save, whatever the tables.
-    assert len(calls) == 1
+    assert adagrad_pod.save_retrieves == 1
     _assert_saved_per_host(
-        saves,
+        adagrad_pod.saves,
         "/embedding_tables",
         ("parameters", "accumulators"),
     )
     # A CPU model reads each table whole, by the same keys.
     cpu = models.build(models.OPTIMIZERS["adagrad"]())
-    tf.train.Checkpoint(model=cpu).read(path).assert_existing_objects_matched()
-    models.assert_values_equal(models.local_values(cpu), trained, atol=0)
+    tf.train.Checkpoint(model=cpu).read(
+        adagrad_pod.saved_path
+    ).assert_existing_objects_matched()
+    models.assert_values_equal(
+        models.local_values(cpu), adagrad_pod.saved_values, atol=0
+    )
 
 
 def test_a_model_checkpoint_restores_each_host_shard_onto_the_chip(
-    tmp_path,
+    adagrad_pod,
 ):
-    cpu = models.one_device("adagrad", epochs=1)
-    expected = models.local_values(cpu)
-    path = tf.train.Checkpoint(model=cpu).write(str(tmp_path / "cpu"))
-    with emulated_tpu(REPLICAS, num_hosts=HOSTS) as strategy:
-        model = models.build_emulated(strategy, "adagrad")
-        model.fit(models.batches(strategy), epochs=1, verbose=0)
-        status = tf.train.Checkpoint(model=model).read(path)
-        status.assert_existing_objects_matched()
-        # What the chip holds now: predict reads it, and the values TF
-        # retrieves from it are the checkpoint's.
-        predictions = model.predict(models.batches(strategy), verbose=0)
-        models.assert_values_equal(
-            models.engine_values(model), expected, atol=0
-        )
+    # A one-device checkpoint read into the trained pod model.
+    adagrad_pod.restore_status.assert_existing_objects_matched()
+    # What the chip holds now: predict reads it, and the values TF
+    # retrieves from it are the checkpoint's.
+    models.assert_values_equal(
+        adagrad_pod.restored_values, adagrad_pod.cpu_values, atol=0
+    )
     np.testing.assert_allclose(
-        predictions,
-        cpu.predict(models.batches(tf.distribute.get_strategy()), verbose=0),
+        adagrad_pod.restored_predictions,
+        adagrad_pod.cpu_predictions,
         atol=1e-6,
     )
 
@@ -138,7 +95,7 @@ def test_engine_checkpoint_on_two_hosts_round_trips(tmp_path):
         model = models.build_emulated(strategy, "adam")
         model.fit(models.batches(strategy), epochs=1, verbose=0)
         view = kte.engine_checkpoint(model)
-        with _recorded_saves() as saves, _counted_retrieves(model) as calls:
+        with recorded_saves() as saves, counted_retrieves(model) as calls:
             path = tf.train.Checkpoint(embedding=view).write(
                 str(tmp_path / "e")
             )
@@ -155,15 +112,15 @@ def test_engine_checkpoint_on_two_hosts_round_trips(tmp_path):
     )
 
 
-def test_a_model_trained_on_two_hosts_exports_in_one_call(tmp_path):
-    path = str(tmp_path / "serving")
+def test_a_model_trained_on_two_hosts_exports_in_one_call(adagrad_pod):
+    # Exported after two epochs, right after predict.
     features, _ = next(iter(models.dataset().batch(models.ROWS)))
-    with emulated_tpu(REPLICAS, num_hosts=HOSTS) as strategy:
-        model = models.build_emulated(strategy, "adagrad")
-        model.fit(models.batches(strategy), epochs=2, verbose=0)
-        predicted = model.predict(models.batches(strategy), verbose=0)
-        kte.export_saved_model(model, path, inputs="ids", verbose=False)
-    serve = tf.saved_model.load(path).signatures["serving_default"]
+    serve = tf.saved_model.load(adagrad_pod.export_path).signatures[
+        "serving_default"
+    ]
     np.testing.assert_allclose(
-        serve(**features)["head"].numpy(), predicted, atol=1e-6, rtol=0
+        serve(**features)["head"].numpy(),
+        adagrad_pod.exported_predictions,
+        atol=1e-6,
+        rtol=0,
     )
