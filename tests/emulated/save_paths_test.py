@@ -8,6 +8,8 @@ read from the TPU, and loading puts them back onto the TPU, so weights move
 between the engine and CPU both ways.
 """
 
+import types
+
 import keras
 import numpy as np
 import pytest
@@ -18,66 +20,36 @@ from keras_tpu_embed.testing import emulated_tpu
 from tests.emulated import models
 
 
-def _trained(strategy, steps=3):
-    model = models.build_emulated(strategy, "adam")
-    model.fit(models.batches(strategy), steps_per_epoch=steps, verbose=0)
-    return model
-
-
 def _cpu_model(seed=9):
     keras.utils.set_random_seed(seed)
     return models.build(models.OPTIMIZERS["adam"]())
 
 
-def test_save_weights_carries_the_engine_tables_to_cpu(tmp_path):
-    path = str(tmp_path / "engine.weights.h5")
-    with emulated_tpu(2, embedding_feature="V1") as strategy:
-        model = _trained(strategy)
-        # Saved first: the save refreshes the host copies from the chip
-        # itself (engine_values reads them after TF's own retrieve).
-        model.save_weights(path)
-        expected = models.engine_values(model)
-    cpu = _cpu_model()
-    cpu.load_weights(path)
-    models.assert_values_equal(models.local_values(cpu), expected)
-    assert int(cpu.get_layer("embed").embedding_step.numpy()) == 3
+def _batches_from_step(strategy, step):
+    """`models.batches` from its global batch `step` on: a second `fit`
+    goes on with the batches the first would have fed next."""
+    rows = models.dataset().skip(step * models.GLOBAL_BATCH)
+    return kte.distribute_dataset(strategy, rows, models.GLOBAL_BATCH)
 
 
-@pytest.mark.parametrize("steps_first", [0, 1])
-def test_load_weights_puts_cpu_tables_onto_the_engine(tmp_path, steps_first):
-    path = str(tmp_path / "cpu.weights.h5")
-    cpu = models.one_device("adam", epochs=1)
-    expected = models.local_values(cpu)
-    cpu.save_weights(path)
-    with emulated_tpu(2, embedding_feature="V1") as strategy:
-        model = models.build_emulated(strategy, "adam")
-        if steps_first:
-            model.fit(models.batches(strategy), steps_per_epoch=1, verbose=0)
-        model.load_weights(path)
-        # Before the first step the tables do not exist yet: they are
-        # loaded when the engine creates them; predict changes none.
-        predictions = model.predict(models.batches(strategy), verbose=0)
-        models.assert_values_equal(models.engine_values(model), expected)
-        assert int(model.get_layer("embed").embedding_step.numpy()) == 4
-    np.testing.assert_allclose(
-        predictions,
-        cpu.predict(models.batches(tf.distribute.get_strategy()), verbose=0),
-        atol=1e-5,
+@pytest.fixture(scope="module")
+def adam_saves(tmp_path_factory):
+    """One Adam model on the engine, saved by the three Keras save paths.
+
+    Module-scoped: each test of a save path traced its own `fit` of this
+    model (the costly part). Each save is the first read of the chip after
+    a training step, as it was alone (the host copies are stale, so a save
+    that failed to read the chip would write stale tables): after 2 steps
+    `ModelCheckpoint` saves at the end of its epoch, after a third
+    `save_weights`, after a fourth `model.save` (`.keras`). The values to
+    compare with are the engine's, read after each save.
+    """
+    directory = tmp_path_factory.mktemp("adam_saves")
+    saved = types.SimpleNamespace(
+        checkpoint=str(directory / "epoch1.weights.h5"),
+        weights=str(directory / "engine.weights.h5"),
+        archive=str(directory / "model.keras"),
     )
-
-
-def test_keras_archive_carries_the_engine_tables(tmp_path):
-    path = str(tmp_path / "model.keras")
-    with emulated_tpu(2, embedding_feature="V1") as strategy:
-        model = _trained(strategy)
-        model.save(path)
-        expected = models.engine_values(model)
-    loaded = keras.saving.load_model(path)
-    models.assert_values_equal(models.local_values(loaded), expected)
-
-
-def test_model_checkpoint_carries_the_engine_tables(tmp_path):
-    path = str(tmp_path / "epoch{epoch}.weights.h5")
     with emulated_tpu(2, embedding_feature="V1") as strategy:
         model = models.build_emulated(strategy, "adam")
         model.fit(
@@ -85,13 +57,89 @@ def test_model_checkpoint_carries_the_engine_tables(tmp_path):
             steps_per_epoch=2,
             verbose=0,
             callbacks=[
-                keras.callbacks.ModelCheckpoint(path, save_weights_only=True)
+                keras.callbacks.ModelCheckpoint(
+                    str(directory / "epoch{epoch}.weights.h5"),
+                    save_weights_only=True,
+                )
             ],
         )
-        expected = models.engine_values(model)
+        saved.checkpoint_values = models.engine_values(model)
+
+        model.fit(_batches_from_step(strategy, 2), steps_per_epoch=1, verbose=0)
+        model.save_weights(saved.weights)
+        saved.weights_values = models.engine_values(model)
+        saved.weights_step = int(
+            model.get_layer("embed").embedding_step.numpy()
+        )
+
+        model.fit(_batches_from_step(strategy, 3), steps_per_epoch=1, verbose=0)
+        model.save(saved.archive)
+        saved.archive_values = models.engine_values(model)
+    return saved
+
+
+def test_save_weights_carries_the_engine_tables_to_cpu(adam_saves):
     cpu = _cpu_model()
-    cpu.load_weights(str(tmp_path / "epoch1.weights.h5"))
-    models.assert_values_equal(models.local_values(cpu), expected)
+    cpu.load_weights(adam_saves.weights)
+    models.assert_values_equal(
+        models.local_values(cpu), adam_saves.weights_values
+    )
+    assert int(cpu.get_layer("embed").embedding_step.numpy()) == 3
+    assert adam_saves.weights_step == 3
+
+
+@pytest.fixture(scope="module")
+def cpu_adam_weights(tmp_path_factory):
+    """The one-device Adam model after one epoch: its weights file, its
+    tables and its predictions. Module-scoped: both cases of
+    `test_load_weights_puts_cpu_tables_onto_the_engine` load it, and
+    training it once is one trace of `fit` and one of `predict` fewer."""
+    path = str(tmp_path_factory.mktemp("cpu_adam") / "cpu.weights.h5")
+    cpu = models.one_device("adam", epochs=1)
+    cpu.save_weights(path)
+    return types.SimpleNamespace(
+        path=path,
+        values=models.local_values(cpu),
+        predictions=cpu.predict(
+            models.batches(tf.distribute.get_strategy()), verbose=0
+        ),
+    )
+
+
+@pytest.mark.parametrize("steps_first", [0, 1])
+def test_load_weights_puts_cpu_tables_onto_the_engine(
+    cpu_adam_weights, steps_first
+):
+    with emulated_tpu(2, embedding_feature="V1") as strategy:
+        model = models.build_emulated(strategy, "adam")
+        if steps_first:
+            model.fit(models.batches(strategy), steps_per_epoch=1, verbose=0)
+        model.load_weights(cpu_adam_weights.path)
+        # Before the first step the tables do not exist yet: they are
+        # loaded when the engine creates them; predict changes none.
+        predictions = model.predict(models.batches(strategy), verbose=0)
+        models.assert_values_equal(
+            models.engine_values(model), cpu_adam_weights.values
+        )
+        assert int(model.get_layer("embed").embedding_step.numpy()) == 4
+    np.testing.assert_allclose(
+        predictions, cpu_adam_weights.predictions, atol=1e-5
+    )
+
+
+def test_keras_archive_carries_the_engine_tables(adam_saves):
+    loaded = keras.saving.load_model(adam_saves.archive)
+    models.assert_values_equal(
+        models.local_values(loaded), adam_saves.archive_values
+    )
+
+
+def test_model_checkpoint_carries_the_engine_tables(adam_saves):
+    cpu = _cpu_model()
+    cpu.load_weights(adam_saves.checkpoint)
+    models.assert_values_equal(
+        models.local_values(cpu), adam_saves.checkpoint_values
+    )
 
 
 def test_save_weights_before_the_first_step_refuses(tmp_path):
