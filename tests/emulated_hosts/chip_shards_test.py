@@ -16,8 +16,8 @@ def _host(task):
 
 
 def test_each_host_holds_its_rows_of_every_table_on_the_chip(adagrad_pod):
-    # The Adagrad model after one epoch on the pod (`trained_pod.py`): the
-    # chip's shards as held, and the tables TF retrieved from the chip.
+    # The Adagrad model trained on the pod (`trained_pod.py`): the chip's
+    # shards as held, and the tables TF retrieved from the chip then.
     retrieved = adagrad_pod.saved_values
     chip = adagrad_pod.chip_shards
     # TF's split: "user" 20 rows, 10 per host; "item" 15, 8 and 7.

@@ -113,7 +113,7 @@ def test_engine_checkpoint_on_two_hosts_round_trips(tmp_path):
 
 
 def test_a_model_trained_on_two_hosts_exports_in_one_call(adagrad_pod):
-    # Exported after two epochs, right after predict.
+    # Exported right after predict (`trained_pod.py`).
     features, _ = next(iter(models.dataset().batch(models.ROWS)))
     serve = tf.saved_model.load(adagrad_pod.export_path).signatures[
         "serving_default"

@@ -10,19 +10,18 @@ then equals one device on the same global batches.
 
 import contextlib
 import json
-import warnings
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.testing import emulated_tpu
 from tests.emulated import models
 from tests.emulated import optimizer_matrix_test as matrix
+from tests.emulated_hosts import trained_pod
 
 HOSTS = 2
 REPLICAS = 4
@@ -79,54 +78,61 @@ def test_tf_sees_two_hosts_with_their_own_input_and_shards():
             ]
 
 
-def _distinct_rows(strategy):
-    """32 examples, no two with the same ids: any permutation would show."""
-    rows = np.arange(32, dtype=np.int64)[:, None]
-    examples = tf.data.Dataset.from_tensor_slices(
-        ({"user": rows % 20, "item": rows % 15}, np.zeros((32, 1), "float32"))
+def _one_device_reference(optimizer):
+    """The model trained on one device, and its predictions of
+    `distinct_rows` (distinct: a permutation would show)."""
+    expected = models.one_device(optimizer)
+    wanted = expected.predict(
+        trained_pod.distinct_rows(tf.distribute.get_strategy()), verbose=0
     )
-    return kte.distribute_dataset(strategy, examples, models.GLOBAL_BATCH)
+    assert len(np.unique(wanted.round(5))) == len(wanted)
+    return expected, wanted
+
+
+def _assert_equals_one_device(trained, expected, wanted):
+    """`trained` (`trained_pod.fit_two_epochs` of the pod model) equals
+    one device (`_one_device_reference`): tables, step, head and the
+    predictions, in order."""
+    assert trained.multi_host
+    assert not [w for w in trained.warnings if "ran out of data" in w]
+    models.assert_values_equal(trained.values, models.local_values(expected))
+    assert trained.step == 8
+    for actual, weight in zip(
+        trained.head, expected.get_layer("head").get_weights()
+    ):
+        np.testing.assert_allclose(actual, weight, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(trained.predictions, wanted, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(
     "optimizer, feature",
-    # SGD (no slots) is covered on one host (tests/emulated/training_test.py).
-    [("adagrad", "V1"), ("adam", "V1"), ("ftrl", "V1")]
-    + [("adagrad", "UNSUPPORTED")],
+    # SGD (no slots) is covered on one host (tests/emulated/training_test.py);
+    # Adagrad on the engine ("V1") below, on the shared pod model.
+    [("adam", "V1"), ("ftrl", "V1")] + [("adagrad", "UNSUPPORTED")],
 )
 def test_fit_on_two_hosts_equals_one_device(optimizer, feature):
     """... and `predict` keeps the input order: Keras' multi-host
     reordering (`_tpu_multi_host_concat`) undoes `distribute_dataset`'s
     layout."""
-    expected = models.one_device(optimizer)
-    wanted = expected.predict(
-        _distinct_rows(tf.distribute.get_strategy()), verbose=0
-    )
-    assert len(np.unique(wanted.round(5))) == len(wanted)
+    expected, wanted = _one_device_reference(optimizer)
     with emulated_tpu(
         REPLICAS, num_hosts=HOSTS, embedding_feature=feature
     ) as strategy:
-        assert keras_tf_trainer._is_tpu_multi_host(strategy)
         model = models.build_emulated(strategy, optimizer)
-        assert (model.get_layer("embed").engine is not None) == (
-            feature == "V1"
-        )
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            # No steps_per_epoch: Keras counts the steps itself.
-            model.fit(models.batches(strategy), epochs=2, verbose=0)
-        assert not [w for w in caught if "ran out of data" in str(w.message)]
-        models.assert_values_equal(
-            models.table_values(model), models.local_values(expected)
-        )
-        assert int(model.get_layer("embed").embedding_step.numpy()) == 8
-        for actual, weight in zip(
-            model.get_layer("head").get_weights(),
-            expected.get_layer("head").get_weights(),
-        ):
-            np.testing.assert_allclose(actual, weight, atol=1e-5, rtol=0)
-        predictions = model.predict(_distinct_rows(strategy), verbose=0)
-    np.testing.assert_allclose(predictions, wanted, atol=1e-5, rtol=0)
+        trained = trained_pod.fit_two_epochs(strategy, model)
+    assert trained.on_the_engine == (feature == "V1")
+    _assert_equals_one_device(trained, expected, wanted)
+
+
+def test_fit_on_two_hosts_equals_one_device_adagrad_on_the_engine(
+    adagrad_pod,
+):
+    """The Adagrad case on the engine ("V1"): the pod model of
+    `trained_pod.py`, shared with the checkpoint tests (a fit costs tens
+    of CPU seconds on the pod)."""
+    expected, wanted = _one_device_reference("adagrad")
+    assert adagrad_pod.two_epochs.on_the_engine
+    _assert_equals_one_device(adagrad_pod.two_epochs, expected, wanted)
 
 
 def _engine_table(strategy, column):

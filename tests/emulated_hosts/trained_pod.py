@@ -5,16 +5,21 @@ costs tens of CPU seconds, and `chip_shards_test.py` and
 `engine_shards_test.py` each trained this same model (seeded, so the
 same values) to check a different thing of it: what the chip holds, a
 checkpoint saved per host, a checkpoint restored onto the chip, an export.
-`train_adagrad_pod` trains it once and records all of them, in the order
-that keeps each check as strict as it was alone: every save is the first
-read of the chip after a training step (so a save that failed to read
-the chip would write stale values), and the restore comes last.
+`pod_test.py`'s fit of it for two epochs, compared with one device, is
+the same training too. `train_adagrad_pod` trains it once and records all
+of them, in the order that keeps each check as strict as it was alone:
+the fit of two epochs first, from the seeded initial values; every save
+the first read of the chip after a training step (so a save that failed
+to read the chip would write stale values); the restore last.
 """
 
 import contextlib
 import types
+import warnings
 
+import numpy as np
 import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from tensorflow.python.checkpoint import functional_saver
 
 import keras_tpu_embed as kte
@@ -62,6 +67,15 @@ def counted_retrieves(model):
         mid_level._retrieve_variables = original
 
 
+def distinct_rows(strategy):
+    """32 examples, no two with the same ids: any permutation would show."""
+    rows = np.arange(32, dtype=np.int64)[:, None]
+    examples = tf.data.Dataset.from_tensor_slices(
+        ({"user": rows % 20, "item": rows % 15}, np.zeros((32, 1), "float32"))
+    )
+    return kte.distribute_dataset(strategy, examples, models.GLOBAL_BATCH)
+
+
 def _chip_shards(strategy):
     """What the emulated chip holds of each table, per host shard: its
     host, rows, and each slot's variable device and values."""
@@ -95,21 +109,41 @@ def _cpu_checkpoint(directory):
     return path, models.local_values(cpu), predictions
 
 
+def fit_two_epochs(strategy, model):
+    """`pod_test.py`'s fit: two epochs, no steps per epoch (Keras counts
+    them), its warnings recorded; then the tables, step, head and the
+    predictions of `distinct_rows`."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(models.batches(strategy), epochs=2, verbose=0)
+    return types.SimpleNamespace(
+        multi_host=keras_tf_trainer._is_tpu_multi_host(strategy),
+        on_the_engine=model.get_layer("embed").engine is not None,
+        warnings=[str(w.message) for w in caught],
+        values=models.table_values(model),
+        step=int(model.get_layer("embed").embedding_step.numpy()),
+        head=model.get_layer("head").get_weights(),
+        predictions=model.predict(distinct_rows(strategy), verbose=0),
+    )
+
+
 def train_adagrad_pod(directory):
     """Trains the Adagrad model on the pod and records, in this order:
 
-    1. after one epoch, a `tf.train.Checkpoint(model=...)` written with
-       its `SaveV2` calls and chip retrieves recorded, then the values TF
-       retrieves from the chip and what the chip holds per host shard;
-    2. after a second epoch (the state of `fit(epochs=2)`: the same
-       batches again), `predict` and `kte.export_saved_model`;
-    3. the one-device checkpoint read into the model, then `predict` and
+    1. `fit(epochs=2)` as `pod_test.py` checks it (`fit_two_epochs`);
+    2. after a third epoch, a `tf.train.Checkpoint(model=...)` written
+       with its `SaveV2` calls and chip retrieves recorded, then the values
+       TF retrieves from the chip and what the chip holds per host shard;
+    3. after a fourth epoch, `predict` and `kte.export_saved_model`;
+    4. the one-device checkpoint read into the model, then `predict` and
        the values TF retrieves from the chip.
     """
     cpu_path, cpu_values, cpu_predictions = _cpu_checkpoint(directory)
     export_path = str(directory / "serving")
     with emulated_tpu(REPLICAS, num_hosts=HOSTS) as strategy:
         model = models.build_emulated(strategy, "adagrad")
+        two_epochs = fit_two_epochs(strategy, model)
+
         model.fit(models.batches(strategy), epochs=1, verbose=0)
         with recorded_saves() as saves, counted_retrieves(model) as calls:
             saved_path = tf.train.Checkpoint(model=model).write(
@@ -131,6 +165,7 @@ def train_adagrad_pod(directory):
         )
         restored_values = models.engine_values(model)
     return types.SimpleNamespace(
+        two_epochs=two_epochs,
         saves=saves,
         save_retrieves=len(calls),
         saved_path=saved_path,
