@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
+from tests import serving_cases
 from tests import testing
 
 RAW = {
@@ -80,10 +81,6 @@ def _model(serving_lookup_device=None, column_device=None):
     return pre, model
 
 
-def _fresh_process(path):
-    return testing.serve_in_fresh_process(path, RAW)["score"]
-
-
 def _graph(path):
     with open(os.path.join(path, "saved_model.pb"), "rb") as handle:
         return handle.read()
@@ -100,18 +97,73 @@ def _has_sparse_lookup(path):
     return b"UnsortedSegment" in graph or b"SparseSegment" in graph
 
 
-def test_cpu_and_tensor_core_exports_agree(tmp_path):
+# Training and exporting dominate this file: each model below is trained
+# once and each export made once per module, and every export that must be
+# served by TensorFlow alone is served by one fresh process for all.
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    """`_model()` trained, and its eager outputs on `RAW`."""
     pre, model = _model()
+    return pre, model, model(pre(_feeds())).numpy()
+
+
+@pytest.fixture(scope="module")
+def default_exports(default_model, tmp_path_factory):
+    """`_model()`'s exports by name: "cpu" (no lookup_device given, the
+    default) and "core" (`lookup_device="tpu_tensor_core"`)."""
+    pre, model, _ = default_model
+    root = tmp_path_factory.mktemp("default_exports")
+    return {
+        "cpu": kte.export_saved_model(model, str(root / "cpu"), pre),
+        "core": kte.export_saved_model(
+            model, str(root / "core"), pre, lookup_device="tpu_tensor_core"
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def tensor_core_trained(tmp_path_factory):
+    """A model whose columns train on the tensor core: its eager outputs
+    and its exports by serving device ("cpu", "tpu_tensor_core")."""
+    pre, model = _model(column_device="tpu_tensor_core")
     eager = model(pre(_feeds())).numpy()
-    cpu = kte.export_saved_model(model, str(tmp_path / "cpu"), pre)
-    core = kte.export_saved_model(
-        model, str(tmp_path / "core"), pre, lookup_device="tpu_tensor_core"
+    root = tmp_path_factory.mktemp("tensor_core_trained")
+    exports = {
+        device: kte.export_saved_model(
+            model, str(root / device), pre, lookup_device=device
+        )
+        for device in ("cpu", "tpu_tensor_core")
+    }
+    return eager, exports
+
+
+@pytest.fixture(scope="module")
+def served_in_fresh_process(
+    default_exports, tensor_core_trained, tmp_path_factory
+):
+    """Per export path, its "score" on `RAW`, served by one fresh process
+    that loads every export with TensorFlow alone."""
+    paths = [*default_exports.values(), *tensor_core_trained[1].values()]
+    results = serving_cases.serve_many_in_fresh_process(
+        [(path, RAW) for path in paths], tmp_path_factory.mktemp("serve")
     )
+    return {path: result["score"] for path, result in zip(paths, results)}
+
+
+def test_cpu_and_tensor_core_exports_agree(
+    default_model, default_exports, served_in_fresh_process
+):
+    _, _, eager = default_model
+    cpu, core = default_exports["cpu"], default_exports["core"]
     # Both compile their lookups; only the cpu export can fall back.
     assert _uses_xla(cpu) and _uses_xla(core)
     assert _has_sparse_lookup(cpu) and not _has_sparse_lookup(core)
     for path in (cpu, core):
-        np.testing.assert_allclose(_fresh_process(path), eager, atol=1e-6)
+        np.testing.assert_allclose(
+            served_in_fresh_process[path], eager, atol=1e-6, err_msg=path
+        )
 
 
 def test_layer_switch_picks_the_serving_device(tmp_path):
@@ -125,14 +177,14 @@ def test_layer_switch_picks_the_serving_device(tmp_path):
     assert _has_sparse_lookup(path)
 
 
-def test_tensor_core_trained_model_exports_to_both(tmp_path):
-    pre, model = _model(column_device="tpu_tensor_core")
-    eager = model(pre(_feeds())).numpy()
-    for device in ("cpu", "tpu_tensor_core"):
-        path = kte.export_saved_model(
-            model, str(tmp_path / device), pre, lookup_device=device
+def test_tensor_core_trained_model_exports_to_both(
+    tensor_core_trained, served_in_fresh_process
+):
+    eager, exports = tensor_core_trained
+    for device, path in exports.items():
+        np.testing.assert_allclose(
+            served_in_fresh_process[path], eager, atol=1e-6, err_msg=device
         )
-        np.testing.assert_allclose(_fresh_process(path), eager, atol=1e-6)
 
 
 def test_embedding_core_column_needs_a_serving_choice(tmp_path):
@@ -178,19 +230,19 @@ def _example(row):
     ).SerializeToString()
 
 
-def test_serve_examples_matches_raw_features(tmp_path):
-    pre, model = _model()
-    path = kte.export_saved_model(model, str(tmp_path / "e"), pre)
-    loaded = tf.saved_model.load(path)
+def test_serve_examples_matches_raw_features(default_exports):
+    loaded = tf.saved_model.load(default_exports["cpu"])
     raw = loaded.signatures["serving_default"](**_feeds())["score"]
     examples = tf.constant([_example(row) for row in range(3)])
     parsed = loaded.signatures["serve_examples"](examples=examples)["score"]
     np.testing.assert_allclose(parsed, raw, atol=1e-6)
 
 
-def test_saved_model_holds_tables_once_and_no_slots(tmp_path):
-    pre, model = _model()
-    path = kte.export_saved_model(model, str(tmp_path / "e"), pre)
+def test_saved_model_holds_tables_once_and_no_slots(
+    default_model, default_exports
+):
+    _, model, _ = default_model
+    path = default_exports["cpu"]
     reader = tf.train.load_checkpoint(
         os.path.join(path, "variables", "variables")
     )
