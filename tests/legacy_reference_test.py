@@ -18,12 +18,14 @@ import keras_tpu_embed as kte
 from keras_tpu_embed import columns as column_conversion
 from keras_tpu_embed.columns import input_keys
 from tests import reference_cases as cases
+from tests import serving_cases
 from tests import testing
 
 pytestmark = pytest.mark.filterwarnings("ignore:FeaturePreprocessor ignores")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FORMS = ("ragged", "sparse", "dense")
+DEVICES = ["cpu", "tpu_tensor_core"]
 
 
 @pytest.fixture(scope="module")
@@ -192,25 +194,17 @@ def _dense_raw(keys):
     return raw
 
 
-@pytest.mark.parametrize("device", ["cpu", "tpu_tensor_core"])
-def test_max_norm_survives_serving_export(reference, tmp_path, device):
+@pytest.mark.parametrize("device", DEVICES)
+def test_max_norm_survives_serving_export(served_exports, reference, device):
     expected, _ = reference
-    columns = [_tensor_core(c) for c in cases.max_norm_columns()]
-    pre = kte.FeaturePreprocessor(columns)
-    inputs = pre.keras_inputs()
-    layer = kte.TPUEmbeddingLayer(columns)
-    model = keras.Model(inputs, layer(inputs))
-    for table in layer.table_specs:
-        variable = layer.table_variable(table.name)
-        variable.assign(cases.table_values(table.name, variable.shape))
-    path = tmp_path / device
-    kte.export_saved_model(model, str(path), pre, lookup_device=device)
-    served = testing.serve_in_fresh_process(
-        path, _dense_raw(input_keys(columns))
-    )
+    columns, served = served_exports["max_norm", device]
     for column in columns:
         np.testing.assert_allclose(
-            served[column.name], expected[column.name], atol=1e-6, rtol=0
+            served[column.name],
+            expected[column.name],
+            atol=1e-6,
+            rtol=0,
+            err_msg=f"{column.name} ({device})",
         )
 
 
@@ -262,19 +256,8 @@ def _served_derived_columns():
     return columns
 
 
-@pytest.mark.parametrize("device", ["cpu", "tpu_tensor_core"])
-def test_bucketized_and_crossed_in_a_saved_model(reference, tmp_path, device):
-    expected, _ = reference
-    columns = _served_derived_columns()
-    pre = kte.FeaturePreprocessor(columns)
-    inputs = pre.keras_inputs()
-    layer = kte.TPUEmbeddingLayer(columns)
-    model = keras.Model(inputs, layer(inputs))
-    for table in layer.table_specs:
-        variable = layer.table_variable(table.name)
-        variable.assign(cases.table_values(table.name, variable.shape))
-    path = tmp_path / device
-    kte.export_saved_model(model, str(path), pre, lookup_device=device)
+def _derived_raw(pre):
+    """The derived columns' raw features, strings and ids padded dense."""
     raw = {}
     for key in pre.expected_keys:
         if key in cases.NUMERIC:
@@ -287,7 +270,56 @@ def test_bucketized_and_crossed_in_a_saved_model(reference, tmp_path, device):
                 "value": [list(r) + [pad] * (width - len(r)) for r in rows],
                 "dtype": "string" if key in cases.STRING_KEYS else "int64",
             }
-    served = testing.serve_in_fresh_process(path, raw)
+    return raw
+
+
+def _model_with_reference_tables(columns):
+    """A model of one layer over `columns`, its tables the reference's."""
+    pre = kte.FeaturePreprocessor(columns)
+    inputs = pre.keras_inputs()
+    layer = kte.TPUEmbeddingLayer(columns)
+    model = keras.Model(inputs, layer(inputs))
+    for table in layer.table_specs:
+        variable = layer.table_variable(table.name)
+        variable.assign(cases.table_values(table.name, variable.shape))
+    return pre, model
+
+
+@pytest.fixture(scope="module")
+def served_exports(tmp_path_factory):
+    """Per (case, lookup device): the case's columns and what its export
+    serves, from one fresh process that loads all four exports with
+    TensorFlow alone (a process each cost as much as the exports).
+
+    "max_norm": the max-norm columns on dense raw ids; "derived": the
+    bucketized and crossed columns on their raw features."""
+    root = tmp_path_factory.mktemp("exports")
+    max_norm = [_tensor_core(c) for c in cases.max_norm_columns()]
+    cases_to_serve = {
+        "max_norm": (max_norm, lambda _: _dense_raw(input_keys(max_norm))),
+        "derived": (_served_derived_columns(), _derived_raw),
+    }
+    keys, jobs = [], []
+    for case, (columns, raw) in cases_to_serve.items():
+        pre, model = _model_with_reference_tables(columns)
+        for device in DEVICES:
+            path = root / case / device
+            kte.export_saved_model(model, str(path), pre, lookup_device=device)
+            keys.append((case, device))
+            jobs.append((path, raw(pre)))
+    served = serving_cases.serve_many_in_fresh_process(jobs, root)
+    return {
+        key: (cases_to_serve[key[0]][0], outputs)
+        for key, outputs in zip(keys, served)
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bucketized_and_crossed_in_a_saved_model(
+    served_exports, reference, device
+):
+    expected, _ = reference
+    columns, served = served_exports["derived", device]
     for column in columns:
         # The signature's padding is dropped before crossing (issue 25):
         # served as ragged features are, not as TF crosses dense padding.
@@ -296,6 +328,7 @@ def test_bucketized_and_crossed_in_a_saved_model(reference, tmp_path, device):
             expected[column.name],
             atol=1e-6,
             rtol=0,
+            err_msg=f"{column.name} ({device})",
         )
 
 
