@@ -1,5 +1,7 @@
 """Serving export: fresh-process reload, bit for bit, assets, no slots."""
 
+import contextlib
+import io
 import json
 import os
 import re
@@ -41,11 +43,23 @@ def test_export_reload_in_fresh_process(tmp_path):
     np.testing.assert_array_equal(fresh.astype(np.float32), in_process)
 
 
-def test_export_holds_tables_not_slots(tmp_path):
-    _, pre, model = served_model(tmp_path)
+@pytest.fixture(scope="module")
+def served_export(tmp_path_factory):
+    """`served_model` untrained, called once, and exported once (with
+    `verbose`) for the tests that only read the export: the model, the
+    preprocessor, the export's path and what the export printed."""
+    _, pre, model = served_model(tmp_path_factory.mktemp("served"))
     model(pre(served_feeds()))
-    export = str(tmp_path / "export")
-    kte.export_saved_model(model, export, preprocessor=pre)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        export = kte.export_saved_model(
+            model, str(tmp_path_factory.mktemp("export") / "e"), pre
+        )
+    return model, pre, export, printed.getvalue()
+
+
+def test_export_holds_tables_not_slots(served_export):
+    model, _, export, _ = served_export
     reader = tf.train.load_checkpoint(
         os.path.join(export, "variables", "variables")
     )
@@ -56,12 +70,9 @@ def test_export_holds_tables_not_slots(tmp_path):
     assert os.path.exists(os.path.join(export, "assets", "users.txt"))
 
 
-def test_serve_casts_integer_ids_of_any_width(tmp_path):
+def test_serve_casts_integer_ids_of_any_width(served_export):
     """The int64 signature refused int32 ids with TF's generic error."""
-    _, pre, model = served_model(tmp_path)
-    export = kte.export_saved_model(
-        model, str(tmp_path / "e"), preprocessor=pre
-    )
+    _, _, export, _ = served_export
     loaded = kte.load_saved_model(export)
     want = loaded.signatures["serving_default"](**served_feeds())["score"]
     for dtype in (tf.int32, tf.int16, tf.uint8, tf.uint32):
@@ -86,6 +97,18 @@ def test_serve_casts_integer_ids_of_any_width(tmp_path):
         loaded.serve(**{k: v for k, v in feeds.items() if k != "item"})
 
 
+def test_export_prints_its_signatures_and_output_keys(
+    served_export, tmp_path, capsys
+):
+    model, pre, path, printed = served_export
+    assert path in printed
+    assert "serving_default" in printed and "serve_examples" in printed
+    assert "'score'" in printed
+    assert "user: string" in printed
+    kte.export_saved_model(model, str(tmp_path / "q"), pre, verbose=False)
+    assert capsys.readouterr().out == ""
+
+
 def test_export_of_ids_is_an_explicit_choice(tmp_path):
     model = model_with_a_dense_input()
     path = kte.export_saved_model(model, str(tmp_path / "ids"), inputs="ids")
@@ -103,18 +126,6 @@ def test_export_of_ids_is_an_explicit_choice(tmp_path):
         kte.export_saved_model(
             model, str(tmp_path / "y"), preprocessor=pre, inputs="ids"
         )
-
-
-def test_export_prints_its_signatures_and_output_keys(tmp_path, capsys):
-    _, pre, model = served_model(tmp_path)
-    path = kte.export_saved_model(model, str(tmp_path / "e"), pre)
-    printed = capsys.readouterr().out
-    assert path in printed
-    assert "serving_default" in printed and "serve_examples" in printed
-    assert "'score'" in printed
-    assert "user: string" in printed
-    kte.export_saved_model(model, str(tmp_path / "q"), pre, verbose=False)
-    assert capsys.readouterr().out == ""
 
 
 # --- One batch size per call, in every export variant ------------------------
