@@ -1,5 +1,9 @@
 """Executes the notebooks' code cells in order, in a fresh process.
 
+The notebooks share that process, one after another, each in its own
+namespace and directory (`scripts_in_one_process`); the TPU notebook's run
+under the emulated TPU has a process of its own.
+
 Each notebook's code cells are joined into one script (shell `!` lines
 skipped) and run with this interpreter, so a failing assertion or exception
 in any cell fails the test. Outputs are stripped in the repository.
@@ -11,6 +15,7 @@ import re
 
 import pytest
 
+from tests import scripts_in_one_process
 from tests import testing
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
@@ -50,17 +55,29 @@ def _script(path, connect=None):
     return "\n".join(lines)
 
 
+@pytest.fixture(scope="module")
+def notebook_runs(tmp_path_factory):
+    """Per notebook (the TPU one without its `tpu` cells): its traceback
+    or None, and what it wrote to stderr; all run in one fresh process,
+    each in its own directory (`scripts_in_one_process`)."""
+    root = tmp_path_factory.mktemp("notebooks")
+    scripts = {}
+    for name in CPU_NOTEBOOKS + [TPU_NOTEBOOK]:
+        directory = root / name
+        directory.mkdir()
+        scripts[name] = (_script(NOTEBOOKS / name), directory)
+    return scripts_in_one_process.run_scripts(scripts, root, timeout=1200)
+
+
 @pytest.mark.parametrize("name", CPU_NOTEBOOKS + [TPU_NOTEBOOK])
-def test_notebook_runs(name, tmp_path):
+def test_notebook_runs(name, notebook_runs):
     """Every code cell runs; in the TPU notebook, all but those tagged tpu."""
-    script = tmp_path / "notebook.py"
-    script.write_text(_script(NOTEBOOKS / name))
-    completed = testing.run_python(str(script), timeout=600, cwd=tmp_path)
-    assert completed.returncode == 0, completed.stderr[-4000:]
+    run = notebook_runs[name]
+    assert run["error"] is None, run["error"][-4000:]
     if name in CPU_NOTEBOOKS:
         # No warning from the package, or from Keras about its use there
         # (the layers' "ignores the input keys", Keras' "shuffle=True").
-        warned = re.findall(r"^.*\d: \w*Warning: .*$", completed.stderr, re.M)
+        warned = re.findall(r"^.*\d: \w*Warning: .*$", run["stderr"], re.M)
         assert not warned, "\n".join(warned)
 
 
