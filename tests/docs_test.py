@@ -1,8 +1,10 @@
 """Every python block of the README and docs/ runs, so no example rots.
 
-The blocks of one page run in order, in one fresh process (a page builds
-on its earlier blocks), in a scratch directory. A block right after an
-`<!-- skip: reason -->` line is not run; only blocks that need a TPU VM
+The blocks of one page run in order, in a fresh process (a page builds
+on its earlier blocks), in a scratch directory. Pages share that process,
+one after another, each in its own namespace and directory
+(`scripts_in_one_process`), except those in `OWN_PROCESS`. A block right
+after an `<!-- skip: reason -->` line is not run; only blocks that need a TPU VM
 are marked so. A page whose blocks refer to files it does not make gets
 them from `PREPARE`, run first in the same process.
 """
@@ -12,6 +14,7 @@ import re
 
 import pytest
 
+from tests import scripts_in_one_process
 from tests import testing
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -80,36 +83,81 @@ def test_blocks_are_found_and_only_tpu_blocks_skip():
     assert skipped and all("TPU" in reason for _, reason in skipped)
 
 
+# Pages that start TensorFlow in a way of their own, which a process can do
+# once, before or instead of anything else: each runs in a fresh process.
+OWN_PROCESS = {
+    # MirroredStrategy, and parameter servers started in the process.
+    "multi-device.md",
+    # `emulated_tpu` splits the CPU, which only works before TF starts.
+    "tpu.md",
+}
+
+
+def _runnable(page):
+    """`(line, code)` of each python block not marked skip."""
+    return [(line, c) for line, c, skip in python_blocks(page) if not skip]
+
+
+def _page_script(page, chdir=""):
+    """The page's runnable blocks as one script, after `chdir` and the
+    page's `PREPARE`."""
+    script = "import os, pathlib, sys\n"
+    script += f"sys.path.insert(0, {str(ROOT)!r})\n" + chdir
+    script += PREPARE.get(page.name, "")
+    for line, code in _runnable(page):
+        script += f"\n# --- {page.name}, line {line}\n{code}"
+    return script
+
+
+@pytest.fixture(scope="module")
+def shared_process_pages(tmp_path_factory):
+    """Per page not in `OWN_PROCESS`: its traceback or None, and what it
+    wrote to stderr, all run in one fresh process."""
+    root = tmp_path_factory.mktemp("pages")
+    scripts = {}
+    for page in PAGES:
+        if page.name in OWN_PROCESS or not _runnable(page):
+            continue
+        directory = root / page.name
+        directory.mkdir()
+        scripts[page.name] = (_page_script(page), directory)
+    return scripts_in_one_process.run_scripts(
+        scripts, root, timeout=900, cwd=ROOT, TF_CPP_MIN_LOG_LEVEL="3"
+    )
+
+
+def _run_in_own_process(page, directory):
+    """The page's traceback or None, and its stderr, from a fresh process
+    of its own."""
+    completed = testing.run_python(
+        "-c",
+        _page_script(page, "os.chdir(os.environ['DOCS_TEST_DIR'])\n"),
+        timeout=600,
+        cwd=str(ROOT),
+        DOCS_TEST_DIR=str(directory),
+        TF_CPP_MIN_LOG_LEVEL="3",
+    )
+    error = None
+    if completed.returncode != 0:
+        error = completed.stdout[-2000:] + completed.stderr[-4000:]
+    return {"error": error, "stderr": completed.stderr}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name
 )
-def test_python_blocks_run(page, tmp_path):
+def test_python_blocks_run(page, tmp_path, request):
     blocks = python_blocks(page)
-    runnable = [(line, code) for line, code, skip in blocks if not skip]
-    if not runnable:
+    if not _runnable(page):
         reasons = sorted({skip for _, _, skip in blocks if skip})
         pytest.skip(f"{page.name}: no python block to run {reasons}")
-    script = (
-        "import os, pathlib, sys\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "os.chdir(os.environ['DOCS_TEST_DIR'])\n"
-    )
-    script += PREPARE.get(page.name, "")
-    for line, code in runnable:
-        script += f"\n# --- {page.name}, line {line}\n{code}"
-    completed = testing.run_python(
-        "-c",
-        script,
-        timeout=600,
-        cwd=str(ROOT),
-        DOCS_TEST_DIR=str(tmp_path),
-        TF_CPP_MIN_LOG_LEVEL="3",
-    )
-    assert completed.returncode == 0, (
-        completed.stdout[-2000:] + completed.stderr[-4000:]
-    )
+    if page.name in OWN_PROCESS:
+        run = _run_in_own_process(page, tmp_path)
+    else:
+        run = request.getfixturevalue("shared_process_pages")[page.name]
+    assert run["error"] is None, run["error"][-6000:]
     # Documented usage prints no warning (the package's, or Keras' about
     # how the package uses it).
-    warned = re.findall(r"^.*\d: \w*Warning: .*$", completed.stderr, re.M)
+    warned = re.findall(r"^.*\d: \w*Warning: .*$", run["stderr"], re.M)
     assert not warned, "\n".join(warned)
