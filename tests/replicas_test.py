@@ -264,15 +264,80 @@ def scenario(optimizer_name, path, form, loop):
     }
 
 
-# Every scenario asked for, in this one process (the logical devices can be
-# made once per process); one JSON line each.
+# Keras' own behaviour under MIRRORED, checked after the scenarios (each
+# once had a process of its own; a failed step must not disturb a scenario).
+
+
+class Ranker(keras.Model):
+    def __init__(self):
+        super().__init__()
+        column = kte.embedding_column(
+            kte.categorical_column_with_identity("i", 20), 3
+        )
+        self.embedding = kte.TPUEmbeddingLayer([column], output="concat")
+        self.head = keras.layers.Dense(1)
+
+    def call(self, features):  # no `training` argument
+        return self.head(self.embedding(features))
+
+
+def subclassed_fit():
+    x = {"i": tf.constant([[1], [2], [3], [4]], tf.int64)}
+    with MIRRORED.scope():
+        model = Ranker()
+        model(x)
+        model.compile("sgd", "mse")
+    before = model.embedding.table_variable("i").numpy().copy()
+    data = tf.data.Dataset.from_tensors((x, np.ones((4, 1), "float32")))
+    model.fit(data.repeat(3), epochs=1, verbose=0)
+    table = model.embedding.table_variable("i")
+    copies = [v.numpy() for v in table.value.values]
+    assert np.array_equal(copies[0], copies[1])
+    assert not np.allclose(before, copies[0])
+    return {"step": int(model.embedding.embedding_step.numpy())}
+
+
+# A plain Keras model, without this package: Keras' `model.fit` under
+# MirroredStrategy averages the first batch across replicas to build the
+# model (`keras/src/backend/tensorflow/trainer.py`, `_maybe_symbolic_build`),
+# which fails on sparse and ragged inputs.
+def plain_sparse_fit():
+    with MIRRORED.scope():
+        inputs = keras.Input((3,), sparse=True)
+        model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
+        model.compile("sgd", "mse")
+    x = tf.sparse.from_dense(tf.eye(4, 3))
+    data = tf.data.Dataset.from_tensor_slices((x, tf.ones([4, 1]))).batch(4)
+    model.fit(data, verbose=0)
+    return {"fit_ran": True}
+
+
+def jit_plain_fit():
+    with MIRRORED.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse", jit_compile=True)
+    model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=4, verbose=0)
+    return {"fit_ran": True}
+
+
+KERAS_CHECKS = {
+    "subclassed_fit": subclassed_fit,
+    "plain_sparse_fit": plain_sparse_fit,
+    "jit_plain_fit": jit_plain_fit,
+}
+
+# Every scenario and check asked for, in this one process (the logical
+# devices can be made once per process); one JSON line each.
 # A scenario that raises reports its traceback; the others still run.
 import traceback
 
 for spec in json.loads(sys.argv[1]):
     keras.backend.clear_session()
     try:
-        answer = {"result": scenario(*spec)}
+        if spec[0] in KERAS_CHECKS:
+            answer = {"result": KERAS_CHECKS[spec[0]]()}
+        else:
+            answer = {"result": scenario(*spec)}
     except Exception:
         answer = {"error": traceback.format_exc()}
     print(json.dumps({"scenario": spec, **answer}))
@@ -301,6 +366,10 @@ SCENARIOS = [
     ("ftrl", "tensor_core", "dense", "distribute_dataset"),
     *[("adam", p, "dense", "save") for p in PATHS],
 ]
+# Keras' own behaviour under the same strategy, run after the scenarios: the
+# subclassed model that must train, then the two fits that must fail (last:
+# a failed step leaves the strategy's collectives as they are).
+KERAS_CHECKS = [("subclassed_fit",), ("plain_sparse_fit",), ("jit_plain_fit",)]
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +381,7 @@ def scenarios(tmp_path_factory):
     script.write_text(SCRIPT)
     completed = testing.run_python(
         str(script),
-        json.dumps(SCENARIOS),
+        json.dumps(SCENARIOS + KERAS_CHECKS),
         TF_CPP_MIN_LOG_LEVEL="3",
         timeout=1800,
     )
@@ -322,8 +391,16 @@ def scenarios(tmp_path_factory):
         if line.startswith('{"scenario"'):
             answer = json.loads(line)
             results[tuple(answer["scenario"])] = answer
-    assert sorted(results) == sorted(SCENARIOS), completed.stdout[-2000:]
+    expected = sorted(SCENARIOS + KERAS_CHECKS)
+    assert sorted(results) == expected, completed.stdout[-2000:]
     return results
+
+
+def _failure(scenarios, check):
+    """The traceback of a Keras check that must fail."""
+    answer = scenarios[(check,)]
+    assert "error" in answer, answer
+    return answer["error"]
 
 
 def _run(scenarios, optimizer, path, form, loop="fit"):
@@ -370,35 +447,13 @@ def test_fit_takes_a_batched_dataset_from_distribute_dataset(scenarios):
     assert result["prediction_difference"] < 1e-5
 
 
-JIT_PLAIN_FIT = r"""
-import numpy as np
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
-)
-import keras
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-with strategy.scope():
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-    model.compile("sgd", "mse", jit_compile=True)
-model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=4, verbose=0)
-print("FIT RAN")
-"""
-
-
-def test_keras_jit_compile_fails_under_mirrored_cpu_devices():
+def test_keras_jit_compile_fails_under_mirrored_cpu_devices(scenarios):
     """Why the tensor-core path trains without `jit_compile` above.
 
     When this fails because `fit` ran, XLA reaches every replica's
     variables: run the tensor-core cases with `jit_compile=True`.
     """
-    completed = testing.run_python(
-        "-c", JIT_PLAIN_FIT, TF_CPP_MIN_LOG_LEVEL="3"
-    )
-    assert completed.returncode != 0
-    assert "FIT RAN" not in completed.stdout
-    assert "located in device" in completed.stderr
+    assert "located in device" in _failure(scenarios, "jit_plain_fit")
 
 
 @pytest.mark.parametrize("path", ["host", "tensor_core"])
@@ -431,42 +486,17 @@ def test_one_device_has_nothing_to_combine():
     assert strategy.run(replicas.row_gradient_gather) is None
 
 
-# A plain Keras model, without this package: Keras' `model.fit` under
-# MirroredStrategy averages the first batch across replicas to build the
-# model (`keras/src/backend/tensorflow/trainer.py`, `_maybe_symbolic_build`),
-# which fails on sparse and ragged inputs.
-PLAIN_SPARSE_FIT = r"""
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
-)
-import keras
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-with strategy.scope():
-    inputs = keras.Input((3,), sparse=True)
-    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
-    model.compile("sgd", "mse")
-x = tf.sparse.from_dense(tf.eye(4, 3))
-data = tf.data.Dataset.from_tensor_slices((x, tf.ones([4, 1]))).batch(4)
-model.fit(data, verbose=0)
-print("FIT RAN")
-"""
-
-
-def test_keras_fit_takes_no_sparse_inputs_under_mirrored_strategy():
+def test_keras_fit_takes_no_sparse_inputs_under_mirrored_strategy(scenarios):
     """Why sparse and ragged ids are trained in a custom loop above.
 
-    When this fails because `fit` ran, Keras has fixed it: train the
-    sparse and ragged forms through `model.fit` instead.
+    A plain Keras model, without this package: Keras' `model.fit` under
+    MirroredStrategy averages the first batch across replicas to build the
+    model, which fails on sparse inputs. When this fails because `fit` ran,
+    Keras has fixed it: train the sparse and ragged forms through
+    `model.fit` instead.
     """
-    completed = testing.run_python(
-        "-c", PLAIN_SPARSE_FIT, TF_CPP_MIN_LOG_LEVEL="3"
-    )
-    assert completed.returncode != 0
-    assert "FIT RAN" not in completed.stdout
-    assert "'SparseTensor' object has no attribute 'device'" in (
-        completed.stderr
+    assert "'SparseTensor' object has no attribute 'device'" in _failure(
+        scenarios, "plain_sparse_fit"
     )
 
 
@@ -477,6 +507,8 @@ def test_keras_fit_takes_no_sparse_inputs_under_mirrored_strategy():
 # a custom loop through `strategy.run`.
 WORKER = r"""
 import json
+import sys
+import traceback
 import numpy as np
 import tensorflow as tf
 import keras
@@ -540,6 +572,27 @@ print(json.dumps({
     "step": int(layer.embedding_step.numpy()),
     "state": state,
 }))
+sys.stdout.flush()
+
+# In the cluster, after training: a plain Keras model's `model.fit` under the
+# same strategy (upstream: keras-team/keras#20585). It must fail; its
+# traceback goes to stderr as an uncaught one would, and the worker still
+# exits 0 so that the training above is judged on its own.
+if "--then-plain-fit" in sys.argv:
+    try:
+        with strategy.scope():
+            plain_inputs = keras.Input((3,))
+            plain = keras.Model(
+                plain_inputs, keras.layers.Dense(1)(plain_inputs)
+            )
+            plain.compile("sgd", "mse")
+        plain_data = tf.data.Dataset.from_tensor_slices(
+            (tf.ones([8, 3]), tf.ones([8, 1]))
+        ).batch(4)
+        plain.fit(plain_data, verbose=0)
+        print("FIT RAN")
+    except Exception:
+        traceback.print_exc()
 """
 
 
@@ -553,7 +606,7 @@ def _free_ports(count):
     return ports
 
 
-def _start_workers(script, tmp_path, count=2):
+def _start_workers(script, *args, count=2):
     addresses = [f"127.0.0.1:{port}" for port in _free_ports(count)]
     workers = []
     for index in range(count):
@@ -566,7 +619,7 @@ def _start_workers(script, tmp_path, count=2):
         )
         workers.append(
             subprocess.Popen(
-                [sys.executable, str(script)],
+                [sys.executable, str(script), *args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -591,21 +644,36 @@ def _finish(workers, timeout=150):
     return results
 
 
-def test_two_workers_train_as_one_process(tmp_path):
-    script = tmp_path / "worker.py"
+def _line_starting(prefix, text):
+    return next(line for line in text.splitlines() if line.startswith(prefix))
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory):
+    """The worker script alone (no TF_CONFIG: one replica), then in a
+    cluster of two workers that also try a plain Keras `fit` after their
+    training: each run's (returncode, stdout, stderr). One cluster serves
+    both tests below: starting one costs two TensorFlow processes."""
+    script = tmp_path_factory.mktemp("workers") / "worker.py"
     script.write_text(WORKER)
     # In sequence: three TensorFlow processes at once on a small machine
     # could each run into their timeout.
     single = testing.run_python(
         str(script), timeout=150, TF_CPP_MIN_LOG_LEVEL="3"
     )
-    results = _finish(_start_workers(script, tmp_path))
+    cluster = _finish(_start_workers(script, "--then-plain-fit"))
+    return single, cluster
+
+
+def test_two_workers_train_as_one_process(two_workers):
+    single, results = two_workers
     for code, _, err in results:
         assert code == 0, err[-4000:]
     assert single.returncode == 0, single.stderr[-4000:]
     one = json.loads(single.stdout.strip().splitlines()[-1])
+    # A worker's stdout: its training's line, then "FIT RAN" if Keras ran.
     first, second = (
-        json.loads(out.strip().splitlines()[-1]) for _, out, _ in results
+        json.loads(_line_starting('{"replicas"', out)) for _, out, _ in results
     )
     assert one["replicas"] == 1 and first["replicas"] == 2
     # 4 global batches, 2 epochs: 8 steps everywhere.
@@ -618,33 +686,13 @@ def test_two_workers_train_as_one_process(tmp_path):
     assert np.max(np.abs(accumulators - 0.1)) > 0.01
 
 
-# A plain Keras model under MultiWorkerMirroredStrategy (upstream:
-# keras-team/keras#20585).
-PLAIN_MULTI_WORKER_FIT = r"""
-import tensorflow as tf
-import keras
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
-with strategy.scope():
-    inputs = keras.Input((3,))
-    model = keras.Model(inputs, keras.layers.Dense(1)(inputs))
-    model.compile("sgd", "mse")
-data = tf.data.Dataset.from_tensor_slices(
-    (tf.ones([8, 3]), tf.ones([8, 1]))
-).batch(4)
-model.fit(data, verbose=0)
-print("FIT RAN")
-"""
-
-
-def test_keras_fit_fails_under_multi_worker_mirrored_strategy(tmp_path):
+def test_keras_fit_fails_under_multi_worker_mirrored_strategy(two_workers):
     """Why the two workers above train in a custom loop.
 
     When this fails because `fit` ran on both workers, Keras has fixed it:
     train the workers above with `model.fit` instead.
     """
-    script = tmp_path / "plain.py"
-    script.write_text(PLAIN_MULTI_WORKER_FIT)
-    results = _finish(_start_workers(script, tmp_path))
+    _, results = two_workers
     assert all("FIT RAN" not in out for _, out, _ in results)
     assert any(
         "unsupported type" in err and "PerReplica" in err
@@ -652,55 +700,10 @@ def test_keras_fit_fails_under_multi_worker_mirrored_strategy(tmp_path):
     )
 
 
-SUBCLASSED_FIT = r"""
-import os
-os.environ["KERAS_BACKEND"] = "tensorflow"
-import numpy as np
-import tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(
-    cpu, [tf.config.LogicalDeviceConfiguration()] * 2
-)
-import keras
-import keras_tpu_embed as kte
-
-
-class Ranker(keras.Model):
-    def __init__(self):
-        super().__init__()
-        column = kte.embedding_column(
-            kte.categorical_column_with_identity("i", 20), 3
-        )
-        self.embedding = kte.TPUEmbeddingLayer([column], output="concat")
-        self.head = keras.layers.Dense(1)
-
-    def call(self, features):  # no `training` argument
-        return self.head(self.embedding(features))
-
-
-x = {"i": tf.constant([[1], [2], [3], [4]], tf.int64)}
-strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-with strategy.scope():
-    model = Ranker()
-    model(x)
-    model.compile("sgd", "mse")
-before = model.embedding.table_variable("i").numpy().copy()
-data = tf.data.Dataset.from_tensors((x, np.ones((4, 1), "float32")))
-model.fit(data.repeat(3), epochs=1, verbose=0)
-table = model.embedding.table_variable("i")
-copies = [v.numpy() for v in table.value.values]
-assert np.array_equal(copies[0], copies[1])
-assert not np.allclose(before, copies[0])
-print("STEP", int(model.embedding.embedding_step.numpy()))
-"""
-
-
-def test_subclassed_model_trains_under_mirrored_strategy():
+def test_subclassed_model_trains_under_mirrored_strategy(scenarios):
     """Keras traces such a model on float32 placeholders under
     MirroredStrategy; that trace must not reach the id checks, and `fit`
-    must train both copies of the table."""
-    completed = testing.run_python(
-        "-c", SUBCLASSED_FIT, TF_CPP_MIN_LOG_LEVEL="3"
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "STEP 3" in completed.stdout
+    must train both copies of the table (checked in the script)."""
+    answer = scenarios[("subclassed_fit",)]
+    assert "error" not in answer, answer.get("error")
+    assert answer["result"]["step"] == 3
