@@ -9,6 +9,7 @@ factories that build them are in `embedding_columns.py`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -25,7 +26,6 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.devices import parse_lookup_device
-from keras_tpu_embed.lookup.initialization import describe
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import SUPPORTED_COMBINERS
 from keras_tpu_embed.types import InitializerLike
@@ -39,6 +39,19 @@ def default_initializer(dimension: int) -> keras.initializers.Initializer:
     return keras.initializers.TruncatedNormal(
         mean=0.0, stddev=1.0 / math.sqrt(dimension)
     )
+
+
+def describe(initializer: InitializerLike) -> str:
+    """A short name for an initializer in error messages."""
+    if isinstance(initializer, functools.partial):
+        return f"functools.partial({describe(initializer.func)}, ...)"
+    name = getattr(initializer, "__qualname__", None)
+    if name is not None:  # a function or lambda
+        return f"{name}()"
+    kind = type(initializer)
+    if getattr(keras.initializers, kind.__name__, None) is kind:
+        return f"keras.initializers.{kind.__name__}"
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _serialize_callable(value: Any, column: str, argument: str) -> Any:

@@ -58,7 +58,6 @@ itself; the block fill needs a real variable to write into.
 from __future__ import annotations
 
 import abc
-import functools
 import math
 import os
 from typing import Any
@@ -73,6 +72,7 @@ from keras_tpu_embed._compat import keras_compute_fans
 from keras_tpu_embed._compat import keras_in_stateless_scope
 from keras_tpu_embed._compat import keras_random_seed
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns.embedding import describe
 from keras_tpu_embed.parameter_server.sharded_tables import create_sharded_table
 from keras_tpu_embed.parameter_server.sharded_tables import on_parameter_servers
 from keras_tpu_embed.types import InitializerLike
@@ -288,19 +288,6 @@ def fill_by_blocks(variable: Any, initializer: InitializerLike) -> None:
                     source.rows(start, size), tf.range(start, start + size)
                 )
             )
-
-
-def describe(initializer: InitializerLike) -> str:
-    """A short name for an initializer in error messages."""
-    if isinstance(initializer, functools.partial):
-        return f"functools.partial({describe(initializer.func)}, ...)"
-    name = getattr(initializer, "__qualname__", None)
-    if name is not None:  # a function or lambda
-        return f"{name}()"
-    kind = type(initializer)
-    if getattr(keras.initializers, kind.__name__, None) is kind:
-        return f"keras.initializers.{kind.__name__}"
-    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 class EngineInitializer(keras.initializers.Initializer):  # type: ignore[misc]
