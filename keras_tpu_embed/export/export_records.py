@@ -9,12 +9,12 @@ that cannot be read is a damaged file (`damaged_file_error`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.columns.vocabulary_files import file_sha256
 
 
 def damaged_file_error(path: str, error: Exception) -> ValueError:
@@ -22,15 +22,6 @@ def damaged_file_error(path: str, error: Exception) -> ValueError:
         f"{path} is truncated or corrupt and cannot be loaded: "
         f"{type(error).__name__}: {error}"
     )
-
-
-def file_sha256(path: str) -> str:
-    """The hex SHA-256 of the file at `path`, read a MiB at a time."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 DIGESTS_FILE = os.path.join("assets.extra", "keras_tpu_embed_sha256.json")
