@@ -1,7 +1,7 @@
 """`TPUEmbeddingLayer`: the Keras 3 embedding layer, which only routes.
 
 The layer is the Keras API and routes: at build it decides once where each
-table lives (`lookup/device_plan.py`) and takes its backends from
+table lives (`placement/device_plan.py`) and takes its backends from
 `lookup/local_tables.py` (its own `LocalTables`) and
 `lookup/engine_registry.py` (the TPU system's engine);
 at call it asks each backend for activations (`lookup/backend.py`) and
@@ -33,11 +33,6 @@ from keras_tpu_embed.layer_config import layer_config
 from keras_tpu_embed.lookup import returned_checks
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
-from keras_tpu_embed.lookup.device_plan import DevicePlan
-from keras_tpu_embed.lookup.device_plan import plan_devices
-from keras_tpu_embed.lookup.devices import SUPPORTED_SERVING_DEVICES
-from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.devices import parse_lookup_device
 from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_registry import engine_for
@@ -45,11 +40,16 @@ from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.sparsecore_buffers import check_declared_columns
 from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import group_into_tables
+from keras_tpu_embed.placement import hardware as tpu_hardware
+from keras_tpu_embed.placement.device_plan import DevicePlan
+from keras_tpu_embed.placement.device_plan import plan_devices
+from keras_tpu_embed.placement.devices import SUPPORTED_SERVING_DEVICES
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.placement.devices import parse_lookup_device
 from keras_tpu_embed.preprocessing.layer_io import LayerInputs
 from keras_tpu_embed.preprocessing.layer_io import LayerOutputs
 from keras_tpu_embed.preprocessing.layer_io import check_output_mode
 from keras_tpu_embed.serialization import serializable
-from keras_tpu_embed.tpu import hardware as tpu_hardware
 from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
 

@@ -10,10 +10,10 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.lookup import backend
-from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.tables import group_into_tables
+from keras_tpu_embed.placement.devices import LookupDevice
 from tests import testing
 
 

@@ -211,7 +211,7 @@ tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * 2
 )
 import keras_tpu_embed as kte
-from keras_tpu_embed.tpu import hardware as tpu_hardware
+from keras_tpu_embed.placement import hardware as tpu_hardware
 mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 # XLA cannot reach the variables of a MirroredStrategy's second CPU replica
 # (replicas_test.py, test_keras_jit_compile_fails_under_mirrored_cpu_devices),
@@ -363,7 +363,7 @@ def test_no_engine_tpu_pads_by_columns_or_refuses_unknown_sparse(
 ):
     """Without a preprocessor, `columns=` says the widths; with neither,
     sparse ids cannot be padded and are refused rather than left sparse."""
-    from keras_tpu_embed.tpu import hardware as tpu_hardware
+    from keras_tpu_embed.placement import hardware as tpu_hardware
 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     monkeypatch.setattr(

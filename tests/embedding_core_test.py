@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
-from keras_tpu_embed.tpu import hardware as tpu_hardware
+from keras_tpu_embed.placement import hardware as tpu_hardware
 from tests.engine_models import N
 from tests.engine_models import engine_columns
 from tests.engine_models import examples

@@ -9,7 +9,7 @@ import keras_tpu_embed
 from keras_tpu_embed.lookup import engine_registry
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.placement.hardware import EmbeddingHardware
 
 LOOKUP = pathlib.Path(keras_tpu_embed.__file__).parent / "lookup"
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from keras_tpu_embed.lookup import engine_step
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.placement.hardware import EmbeddingHardware
 
 
 def test_a_host_assertion_outside_a_tpu_step_checks_in_place():

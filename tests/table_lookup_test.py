@@ -11,10 +11,10 @@ from keras_tpu_embed.lookup import fused_host
 from keras_tpu_embed.lookup import padded_host
 from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.lookup.backend import Phase
-from keras_tpu_embed.lookup.devices import LookupDevice
 from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.table_lookup import TableLookup
 from keras_tpu_embed.lookup.tables import group_into_tables
+from keras_tpu_embed.placement.devices import LookupDevice
 
 DENSE = {
     "user": tf.constant([[1, 2], [3, -1]], tf.int64),

@@ -24,8 +24,8 @@ import numpy as np
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
-from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.devices import parse_lookup_device
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.placement.devices import parse_lookup_device
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import SUPPORTED_COMBINERS
 from keras_tpu_embed.types import InitializerLike

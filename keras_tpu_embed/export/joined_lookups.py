@@ -60,7 +60,7 @@ from keras_tpu_embed.export.serving_inputs import one_batch_in_program
 from keras_tpu_embed.export.serving_inputs import shapes_of
 from keras_tpu_embed.lookup.fused_host import cut_rows
 from keras_tpu_embed.lookup.padded_host import bucket
-from keras_tpu_embed.preprocessing.ids import PADDING_ID
+from keras_tpu_embed.placement.ids import PADDING_ID
 from keras_tpu_embed.types import Tensor
 
 

@@ -48,7 +48,7 @@ from keras_tpu_embed._compat import tf_resource_variable_ops
 from keras_tpu_embed._tf_private import replica_local_variable
 from keras_tpu_embed.parameter_server import shard_rows
 from keras_tpu_embed.parameter_server.sharded_tables import is_sharded
-from keras_tpu_embed.tpu.hardware import CLIENT_CPU
+from keras_tpu_embed.placement.hardware import CLIENT_CPU
 from keras_tpu_embed.types import Tensor
 
 TABLE_DTYPES = ("float32", "bfloat16", "int8")

@@ -43,9 +43,9 @@ from keras_tpu_embed.export.serving_inputs import model_input_signature
 from keras_tpu_embed.export.serving_inputs import model_inputs
 from keras_tpu_embed.export.serving_inputs import raw_signature
 from keras_tpu_embed.layers_in_model import embedding_layers
-from keras_tpu_embed.lookup.devices import SUPPORTED_SERVING_DEVICES
-from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.devices import parse_lookup_device
+from keras_tpu_embed.placement.devices import SUPPORTED_SERVING_DEVICES
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.placement.devices import parse_lookup_device
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     FeaturePreprocessor,
 )

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Mapping
 from typing import Protocol
 
-from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.types import Tensor
 
 

@@ -27,7 +27,7 @@ one `SharedEngine` (`engine_registry.py` keeps one per strategy):
 On SparseCore TPUs (embedding_feature V2: v5p, v6e and later) the engine
 is a `sparsecore.SparseCoreEngine`, the same engine rules driving
 `TPUEmbeddingV2` (`lookup/sparsecore.py`). TPU hardware is consulted only
-through `tpu/hardware.py`. No machine this package is developed on has a
+through `placement/hardware.py`. No machine this package is developed on has a
 TPU: the tests run this path under `keras_tpu_embed.testing.emulated_tpu`
 (TF's own mid-level code, only the chip emulated), and it runs on real
 hardware only through `examples/tpu_smoke.py`.
@@ -54,7 +54,7 @@ from keras_tpu_embed.lookup.engine_step import EngineStep
 from keras_tpu_embed.lookup.engine_variables import EngineMember
 from keras_tpu_embed.lookup.engine_variables import EngineRows
 from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
-from keras_tpu_embed.tpu import hardware as tpu_hardware
+from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
 

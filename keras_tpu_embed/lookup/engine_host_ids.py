@@ -1,7 +1,7 @@
 """The columns' id rules, applied on the host to what the engine enqueues.
 
 The CPU lookup applies each column's rules to its ids before the lookup
-(`preprocessing/ids.py`, `prepare_for_lookup`): an identity column maps
+(`placement/ids.py`, `prepare_for_lookup`): an identity column maps
 ids outside its range to its `default_value`, any other out-of-range id
 raises naming the feature, negative ids are pruned, weights <= 0 are
 pruned for `mean` / `sqrtn` (`use_safe_embedding_lookup`), and sequence
@@ -30,10 +30,10 @@ from typing import Sequence
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._tf_private import wrap_v1_enqueue_op
 from keras_tpu_embed.columns import AnyEmbeddingColumn
-from keras_tpu_embed.preprocessing.ids import identity_default
-from keras_tpu_embed.preprocessing.ids import prepare_for_lookup
-from keras_tpu_embed.preprocessing.ids import prunes_weights
-from keras_tpu_embed.preprocessing.ids import to_id_batch
+from keras_tpu_embed.placement.ids import identity_default
+from keras_tpu_embed.placement.ids import prepare_for_lookup
+from keras_tpu_embed.placement.ids import prunes_weights
+from keras_tpu_embed.placement.ids import to_id_batch
 from keras_tpu_embed.types import MidLevelEmbedding
 from keras_tpu_embed.types import Tensor
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.placement.hardware import EmbeddingHardware
 
 _ENGINES: weakref.WeakKeyDictionary[Any, SharedEngine] = (
     weakref.WeakKeyDictionary()

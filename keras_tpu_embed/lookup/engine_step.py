@@ -32,7 +32,7 @@ from keras_tpu_embed.lookup.engine_variables import EngineVariables
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.optimizers import embedding_step as update_rules
 from keras_tpu_embed.optimizers import row_update
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.placement.hardware import EmbeddingHardware
 from keras_tpu_embed.types import Tensor
 
 

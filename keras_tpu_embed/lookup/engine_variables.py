@@ -42,7 +42,7 @@ from keras_tpu_embed._tf_private import mid_level_retrieve
 from keras_tpu_embed._tf_private import mid_level_table_variables
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup.engine_host_ids import HostIdRule
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.placement.hardware import EmbeddingHardware
 from keras_tpu_embed.types import Tensor
 
 TableSlot = tuple[str, str]

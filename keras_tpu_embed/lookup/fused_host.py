@@ -63,12 +63,12 @@ from keras_tpu_embed.lookup.table_lookup import TableValues
 from keras_tpu_embed.lookup.table_lookup import refuse_training
 from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import clip_rows
-from keras_tpu_embed.preprocessing.ids import PADDING_ID
-from keras_tpu_embed.preprocessing.ids import check_ids_dtype
-from keras_tpu_embed.preprocessing.ids import fit_width
-from keras_tpu_embed.preprocessing.ids import identity_default
-from keras_tpu_embed.preprocessing.ids import map_to_default
-from keras_tpu_embed.preprocessing.ids import prunes_weights
+from keras_tpu_embed.placement.ids import PADDING_ID
+from keras_tpu_embed.placement.ids import check_ids_dtype
+from keras_tpu_embed.placement.ids import fit_width
+from keras_tpu_embed.placement.ids import identity_default
+from keras_tpu_embed.placement.ids import map_to_default
+from keras_tpu_embed.placement.ids import prunes_weights
 from keras_tpu_embed.types import Tensor
 
 ALWAYS_PADDED_WIDTH = 64

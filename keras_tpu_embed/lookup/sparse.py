@@ -21,11 +21,11 @@ from keras_tpu_embed.lookup.table_lookup import TableValues
 from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.lookup.tables import clip_rows
 from keras_tpu_embed.optimizers import compiled_rows
-from keras_tpu_embed.preprocessing.ids import IdBatch
-from keras_tpu_embed.preprocessing.ids import identity_default
-from keras_tpu_embed.preprocessing.ids import prepare_for_lookup
-from keras_tpu_embed.preprocessing.ids import prunes_weights
-from keras_tpu_embed.preprocessing.ids import to_id_batch
+from keras_tpu_embed.placement.ids import IdBatch
+from keras_tpu_embed.placement.ids import identity_default
+from keras_tpu_embed.placement.ids import prepare_for_lookup
+from keras_tpu_embed.placement.ids import prunes_weights
+from keras_tpu_embed.placement.ids import to_id_batch
 from keras_tpu_embed.types import Tensor
 
 

@@ -52,7 +52,7 @@ from keras_tpu_embed.lookup.sparsecore_shards import initializer_rows
 from keras_tpu_embed.lookup.sparsecore_shards import read_rows
 from keras_tpu_embed.lookup.sparsecore_shards import read_table
 from keras_tpu_embed.lookup.sparsecore_shards import write_table
-from keras_tpu_embed.tpu import hardware as tpu_hardware
+from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
 

@@ -27,16 +27,16 @@ from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.columns.embedding import ColumnLike
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.lookup import engine_registry
-from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.placement import hardware as tpu_hardware
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.placement.ids import PADDING_ID
+from keras_tpu_embed.placement.ids import densify
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     categorical_columns_of,
 )
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     tensor_core_widths,
 )
-from keras_tpu_embed.preprocessing.ids import PADDING_ID
-from keras_tpu_embed.preprocessing.ids import densify
-from keras_tpu_embed.tpu import hardware as tpu_hardware
 
 
 def engine_id_filter(

@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.testing import emulated_tpu
 from tests.engine_models import BATCH
 from tests.engine_models import N
@@ -163,7 +163,7 @@ def test_tpu_without_engine_falls_back_to_tensor_core(fallback_lines):
     # On a TPU without an engine the layer trains the table on the tensor
     # core, so its tables must give it the dedupe scratch of tensor-core
     # tables, and the fallback is decided (and said) once
-    # (`lookup/device_plan.py`).
+    # (`placement/device_plan.py`).
     shaped = kte.embedding_column(
         kte.categorical_column_with_identity("user", 20),
         4,

@@ -2,7 +2,7 @@
 
 The layer decides its tables' devices from three things: the columns'
 `embedding_lookup_device`, the layer's `serving_lookup_device`, and the
-embedding hardware of the strategy it is built under (`tpu/hardware.py`).
+embedding hardware of the strategy it is built under (`placement/hardware.py`).
 `plan_devices` applies the rules of `devices.py` to them once per table,
 and every reader (the layer's build and calls, its local tables, its
 serving exports) reads the plan. An export that serves on another device
@@ -16,11 +16,11 @@ from typing import Mapping
 from typing import Sequence
 from typing import TypeVar
 
-from keras_tpu_embed.lookup.devices import DeviceTable
-from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.devices import table_device
-from keras_tpu_embed.lookup.devices import training_device
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.placement.devices import DeviceTable
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.placement.devices import table_device
+from keras_tpu_embed.placement.devices import training_device
+from keras_tpu_embed.placement.hardware import EmbeddingHardware
 
 TableT = TypeVar("TableT", bound=DeviceTable)
 

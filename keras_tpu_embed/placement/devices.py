@@ -7,7 +7,7 @@ from typing import Protocol
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.placement.hardware import EmbeddingHardware
 
 
 class LookupDevice(str, enum.Enum):
