@@ -37,7 +37,6 @@ from keras_tpu_embed.columns import (
     weighted_categorical_column as weighted_categorical_column,
 )
 from keras_tpu_embed.config import EmbeddingConfig as EmbeddingConfig
-from keras_tpu_embed.export import quantization
 from keras_tpu_embed.export.checkpoints import (
     engine_checkpoint as engine_checkpoint,
 )
@@ -65,6 +64,7 @@ from keras_tpu_embed.preprocessing.feature_preprocessor import (
 from keras_tpu_embed.shared_layer import (
     SharedTPUEmbedding as SharedTPUEmbedding,
 )
+from keras_tpu_embed.tables import quantization
 from keras_tpu_embed.tpu.conversion import (
     to_tpu_feature_configs as to_tpu_feature_configs,
 )

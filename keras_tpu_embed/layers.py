@@ -25,9 +25,6 @@ from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.config import as_config
 from keras_tpu_embed.export import layer_variables
-from keras_tpu_embed.export.quantization import QuantizedTable
-from keras_tpu_embed.export.quantization import check_table_dtype
-from keras_tpu_embed.export.quantization import quantized_copies
 from keras_tpu_embed.layer_config import layer_arguments
 from keras_tpu_embed.layer_config import layer_config
 from keras_tpu_embed.lookup import returned_checks
@@ -38,8 +35,6 @@ from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_registry import engine_for
 from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.sparsecore_buffers import check_declared_columns
-from keras_tpu_embed.lookup.tables import TableSpec
-from keras_tpu_embed.lookup.tables import group_into_tables
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.placement.device_plan import DevicePlan
 from keras_tpu_embed.placement.device_plan import plan_devices
@@ -50,6 +45,11 @@ from keras_tpu_embed.preprocessing.layer_io import LayerInputs
 from keras_tpu_embed.preprocessing.layer_io import LayerOutputs
 from keras_tpu_embed.preprocessing.layer_io import check_output_mode
 from keras_tpu_embed.serialization import serializable
+from keras_tpu_embed.tables.quantization import QuantizedTable
+from keras_tpu_embed.tables.quantization import check_table_dtype
+from keras_tpu_embed.tables.quantization import quantized_copies
+from keras_tpu_embed.tables.table_specs import TableSpec
+from keras_tpu_embed.tables.table_specs import group_into_tables
 from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
 

@@ -8,10 +8,10 @@ built under `emulated_tpu("UNSUPPORTED")` in
 import pytest
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.tables import group_into_tables
 from keras_tpu_embed.placement.device_plan import plan_devices
 from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.placement.hardware import EmbeddingHardware
+from keras_tpu_embed.tables.table_specs import group_into_tables
 
 
 def _tables(**column_kwargs):

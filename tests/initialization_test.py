@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.columns.embedding import describe
-from keras_tpu_embed.lookup import initialization
+from keras_tpu_embed.tables import initialization
 from tests import initializer_cases as cases
 
 

@@ -208,10 +208,7 @@ def _folder_imports():
 # this list may only shrink. A new pair means a module sits in the wrong
 # folder, or a helper does.
 FOLDERS_IMPORTING_EACH_OTHER = {
-    ("config.py", "optimizers/"),
     ("export/", "layers.py"),
-    ("export/", "lookup/"),
-    ("lookup/", "optimizers/"),
     ("lookup/", "tpu/"),
 }
 

@@ -13,8 +13,8 @@ from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.table_lookup import TableLookup
-from keras_tpu_embed.lookup.tables import group_into_tables
 from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.tables.table_specs import group_into_tables
 
 DENSE = {
     "user": tf.constant([[1, 2], [3, -1]], tf.int64),

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import initialization
+from keras_tpu_embed.tables import initialization
 
 fc = tf.feature_column
 V1 = tf.compat.v1

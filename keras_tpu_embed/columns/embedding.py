@@ -198,7 +198,7 @@ class _EmbeddingSpec:
     # is clipped to this L2 norm before the combiner.
     max_norm: float | None = None
     # `tf.feature_column.embedding_column`'s warm start: the table's initial
-    # value is this tensor of this checkpoint (see `lookup/tables.py`).
+    # value is this tensor of this checkpoint (see `tables/table_specs.py`).
     ckpt_to_load_from: str | None = None
     tensor_name_in_ckpt: str | None = None
 

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.lookup import initialization
+from keras_tpu_embed.tables import initialization
 from keras_tpu_embed.types import Tensor
 
 IdsAndRows = tuple[np.ndarray, Tensor]

@@ -12,7 +12,7 @@ from typing import Iterator
 from typing import Protocol
 from typing import Sequence
 
-from keras_tpu_embed.lookup.tables import TableSpec
+from keras_tpu_embed.tables.table_specs import TableSpec
 
 
 class EmbeddingLayerState(Protocol):

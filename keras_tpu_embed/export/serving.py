@@ -31,9 +31,6 @@ from keras_tpu_embed.export.export_records import record_table_dtype
 from keras_tpu_embed.export.export_records import write_digests
 from keras_tpu_embed.export.export_records import write_export_info
 from keras_tpu_embed.export.joined_lookups import joined_call
-from keras_tpu_embed.export.quantization import check_table_dtype
-from keras_tpu_embed.export.quantization import dequantize_rows
-from keras_tpu_embed.export.quantization import quantize_rows
 from keras_tpu_embed.export.serving_inputs import as_batch_matrix
 from keras_tpu_embed.export.serving_inputs import cross_padding
 from keras_tpu_embed.export.serving_inputs import drop_padding
@@ -52,6 +49,9 @@ from keras_tpu_embed.preprocessing.feature_preprocessor import (
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     make_parse_example_spec,
 )
+from keras_tpu_embed.tables.quantization import check_table_dtype
+from keras_tpu_embed.tables.quantization import dequantize_rows
+from keras_tpu_embed.tables.quantization import quantize_rows
 from keras_tpu_embed.types import Tensor
 
 
@@ -72,7 +72,7 @@ def serving_lookups(
     table_dtype: str = "float32",
 ) -> Iterator[None]:
     """Puts every embedding layer of `model` in serving mode while tracing,
-    its tables stored as `table_dtype` (`export/quantization.py`)."""
+    its tables stored as `table_dtype` (`tables/quantization.py`)."""
     with contextlib.ExitStack() as stack:
         for layer in embedding_layers(model):
             stack.enter_context(

@@ -61,7 +61,7 @@ from keras_tpu_embed.export.checkpoint_rows import vocabulary_positions
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
-from keras_tpu_embed.lookup.tables import TableSpec
+from keras_tpu_embed.tables.table_specs import TableSpec
 
 _OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"
 SLOT_SUFFIXES: dict[str, tuple[str, ...]] = {

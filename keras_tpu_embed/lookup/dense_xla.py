@@ -18,12 +18,9 @@ from typing import Any
 from typing import Mapping
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.export import quantization
 from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
 from keras_tpu_embed.lookup.table_lookup import ScratchVariable
 from keras_tpu_embed.lookup.table_lookup import TableValues
-from keras_tpu_embed.lookup.tables import TableSpec
-from keras_tpu_embed.lookup.tables import clip_rows
 from keras_tpu_embed.placement.ids import PADDING_ID
 from keras_tpu_embed.placement.ids import check_ids_dtype
 from keras_tpu_embed.placement.ids import densify
@@ -31,6 +28,9 @@ from keras_tpu_embed.placement.ids import identity_default
 from keras_tpu_embed.placement.ids import map_to_default
 from keras_tpu_embed.placement.ids import prunes_weights
 from keras_tpu_embed.placement.ids import width_of
+from keras_tpu_embed.tables import quantization
+from keras_tpu_embed.tables.table_specs import TableSpec
+from keras_tpu_embed.tables.table_specs import clip_rows
 from keras_tpu_embed.types import Tensor
 
 

@@ -17,7 +17,7 @@ one `SharedEngine` (`engine_registry.py` keeps one per strategy):
   (`gradient_trap.py`); the other layers take their activations from that
   step;
 - the trap's backward pass scales each layer's gradients by its gradient
-  multiplier (`optimizers/embedding_step.py`) and sends all of them with one
+  multiplier (`backends/embedding_step.py`) and sends all of them with one
   `apply_gradients` under the same name, then counts the step on every
   layer whose local tables do not count it already (`engine_step.py`);
 - the tables' shapes are known from the configs before TF creates them,
@@ -44,8 +44,6 @@ import numpy as np
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.export.quantization import QuantizedTable
-from keras_tpu_embed.export.quantization import float_serving_table
 from keras_tpu_embed.lookup import engine_checks
 from keras_tpu_embed.lookup import engine_host_ids
 from keras_tpu_embed.lookup.backend import Activations
@@ -55,6 +53,8 @@ from keras_tpu_embed.lookup.engine_variables import EngineMember
 from keras_tpu_embed.lookup.engine_variables import EngineRows
 from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
 from keras_tpu_embed.placement import hardware as tpu_hardware
+from keras_tpu_embed.tables.quantization import QuantizedTable
+from keras_tpu_embed.tables.quantization import float_serving_table
 from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
 

@@ -5,7 +5,7 @@ graph): the first layer called enqueues every feature of every member
 under a fresh name and dequeues them inside the gradient trap
 (`gradient_trap.py`); the other layers take their activations from that
 step. The trap's backward pass scales each layer's gradients by its
-gradient multiplier (`optimizers/embedding_step.py`), sends all of them
+gradient multiplier (`backends/embedding_step.py`), sends all of them
 with one `apply_gradients` under the same name, and counts the step on
 every layer whose local tables do not count it already. The errors TF
 raises at the enqueue are turned into ones that name the fix.
@@ -26,11 +26,11 @@ from keras_tpu_embed._compat import tf_tpu_replication
 from keras_tpu_embed._compat import tf_tpu_util
 from keras_tpu_embed._tf_private import mid_level_built
 from keras_tpu_embed._tf_private import replica_index
+from keras_tpu_embed.backends import embedding_step as update_rules
 from keras_tpu_embed.lookup import engine_checks
 from keras_tpu_embed.lookup.engine_variables import EngineMember
 from keras_tpu_embed.lookup.engine_variables import EngineVariables
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
-from keras_tpu_embed.optimizers import embedding_step as update_rules
 from keras_tpu_embed.optimizers import row_update
 from keras_tpu_embed.placement.hardware import EmbeddingHardware
 from keras_tpu_embed.types import Tensor

@@ -61,14 +61,14 @@ from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
 from keras_tpu_embed.lookup.table_lookup import ScratchVariable
 from keras_tpu_embed.lookup.table_lookup import TableValues
 from keras_tpu_embed.lookup.table_lookup import refuse_training
-from keras_tpu_embed.lookup.tables import TableSpec
-from keras_tpu_embed.lookup.tables import clip_rows
 from keras_tpu_embed.placement.ids import PADDING_ID
 from keras_tpu_embed.placement.ids import check_ids_dtype
 from keras_tpu_embed.placement.ids import fit_width
 from keras_tpu_embed.placement.ids import identity_default
 from keras_tpu_embed.placement.ids import map_to_default
 from keras_tpu_embed.placement.ids import prunes_weights
+from keras_tpu_embed.tables.table_specs import TableSpec
+from keras_tpu_embed.tables.table_specs import clip_rows
 from keras_tpu_embed.types import Tensor
 
 ALWAYS_PADDED_WIDTH = 64

@@ -8,10 +8,10 @@ serving trace on the host pads and compiles where it can (`padded_host.py`;
 all columns in one program when every column's ids are dense,
 `fused_host.py`). Every lookup is a `table_lookup.TableLookup`, called
 the same way; each reads quantized copies of the tables if the export asks
-(`serving_tables`, `export/quantization.py`). In a training call the
+(`serving_tables`, `tables/quantization.py`). In a training call the
 gathered rows pass through the gradient trap (`gradient_trap.py`), whose
 backward pass applies the embedding optimizer's step to the touched rows
-(`optimizers/embedding_step.py` for the config's rules,
+(`backends/embedding_step.py` for the config's rules,
 `optimizers.row_update` for the optimizer's), then counts the step.
 Under a replicated strategy the rows' gradients of every replica are
 combined first (`replicas.py`), so every copy takes the same update.
@@ -25,11 +25,10 @@ from typing import Sequence
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.backends import embedding_step as update_rules
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.export.quantization import QuantizedTable
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup import fused_host
-from keras_tpu_embed.lookup import initialization
 from keras_tpu_embed.lookup import padded_host
 from keras_tpu_embed.lookup import replicas
 from keras_tpu_embed.lookup import sparse
@@ -39,11 +38,12 @@ from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.lookup.sparsecore_checkpoint import TableContainer
 from keras_tpu_embed.lookup.table_lookup import TableLookup
 from keras_tpu_embed.lookup.table_lookup import TableValues
-from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.optimizers import apply_update
-from keras_tpu_embed.optimizers import embedding_step as update_rules
 from keras_tpu_embed.optimizers.row_update import refuse_non_finite
 from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.tables import initialization
+from keras_tpu_embed.tables.quantization import QuantizedTable
+from keras_tpu_embed.tables.table_specs import TableSpec
 from keras_tpu_embed.types import Tensor
 
 

@@ -30,15 +30,12 @@ from typing import Mapping
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
-from keras_tpu_embed.export import quantization
 from keras_tpu_embed.lookup import dense_xla
 from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
 from keras_tpu_embed.lookup.table_lookup import ScratchVariable
 from keras_tpu_embed.lookup.table_lookup import TableValues
 from keras_tpu_embed.lookup.table_lookup import refuse_training
-from keras_tpu_embed.lookup.tables import TableSpec
-from keras_tpu_embed.lookup.tables import clip_rows
 from keras_tpu_embed.placement.ids import PADDING_ID
 from keras_tpu_embed.placement.ids import IdBatch
 from keras_tpu_embed.placement.ids import check_ids_dtype
@@ -48,6 +45,9 @@ from keras_tpu_embed.placement.ids import ids_below
 from keras_tpu_embed.placement.ids import map_to_default
 from keras_tpu_embed.placement.ids import prepare_for_lookup
 from keras_tpu_embed.placement.ids import prunes_weights
+from keras_tpu_embed.tables import quantization
+from keras_tpu_embed.tables.table_specs import TableSpec
+from keras_tpu_embed.tables.table_specs import clip_rows
 from keras_tpu_embed.types import Tensor
 
 PADDING_LIMIT = 4

@@ -14,18 +14,18 @@ from typing import Any
 from typing import Mapping
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.export import quantization
 from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
 from keras_tpu_embed.lookup.table_lookup import ScratchVariable
 from keras_tpu_embed.lookup.table_lookup import TableValues
-from keras_tpu_embed.lookup.tables import TableSpec
-from keras_tpu_embed.lookup.tables import clip_rows
 from keras_tpu_embed.optimizers import compiled_rows
 from keras_tpu_embed.placement.ids import IdBatch
 from keras_tpu_embed.placement.ids import identity_default
 from keras_tpu_embed.placement.ids import prepare_for_lookup
 from keras_tpu_embed.placement.ids import prunes_weights
 from keras_tpu_embed.placement.ids import to_id_batch
+from keras_tpu_embed.tables import quantization
+from keras_tpu_embed.tables.table_specs import TableSpec
+from keras_tpu_embed.tables.table_specs import clip_rows
 from keras_tpu_embed.types import Tensor
 
 

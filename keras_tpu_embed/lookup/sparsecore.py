@@ -40,7 +40,6 @@ from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_host_ids import HostIdRule
 from keras_tpu_embed.lookup.engine_variables import HostShard
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
-from keras_tpu_embed.lookup.initialization import EngineInitializer
 from keras_tpu_embed.lookup.sparsecore_checkpoint import SPARSE_CORE
 from keras_tpu_embed.lookup.sparsecore_checkpoint import EngineTableHandle
 from keras_tpu_embed.lookup.sparsecore_checkpoint import SparseCoreTable
@@ -53,6 +52,7 @@ from keras_tpu_embed.lookup.sparsecore_shards import read_rows
 from keras_tpu_embed.lookup.sparsecore_shards import read_table
 from keras_tpu_embed.lookup.sparsecore_shards import write_table
 from keras_tpu_embed.placement import hardware as tpu_hardware
+from keras_tpu_embed.tables.initialization import EngineInitializer
 from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
 

@@ -21,8 +21,8 @@ from typing import Sequence
 from typing import TypeAlias
 from typing import runtime_checkable
 
-from keras_tpu_embed.export.quantization import QuantizedTable
-from keras_tpu_embed.lookup.tables import TableSpec
+from keras_tpu_embed.tables.quantization import QuantizedTable
+from keras_tpu_embed.tables.table_specs import TableSpec
 from keras_tpu_embed.types import Tensor
 
 TableValues: TypeAlias = "Tensor | QuantizedTable"

@@ -16,14 +16,14 @@ from typing import Any
 from typing import Sequence
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.backends.embedding_step import engine_optimizer
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.lookup.initialization import EngineInitializer
-from keras_tpu_embed.lookup.tables import group_into_tables
 from keras_tpu_embed.optimizers.base import protobuf_safe
-from keras_tpu_embed.optimizers.embedding_step import engine_optimizer
+from keras_tpu_embed.tables.initialization import EngineInitializer
+from keras_tpu_embed.tables.table_specs import group_into_tables
 
 
 def to_tpu_feature_configs(

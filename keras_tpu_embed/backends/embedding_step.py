@@ -26,8 +26,8 @@ from typing import Any
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.lookup.tables import TableSpec
 from keras_tpu_embed.optimizers import EmbeddingOptimizer
+from keras_tpu_embed.tables.table_specs import TableSpec
 from keras_tpu_embed.types import Tensor
 
 ClipBounds = tuple[float | None, float | None]

@@ -9,8 +9,8 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed.columns import SharedEmbeddingColumn
-from keras_tpu_embed.lookup.tables import CheckpointInitializer
-from keras_tpu_embed.lookup.tables import group_into_tables
+from keras_tpu_embed.tables.table_specs import CheckpointInitializer
+from keras_tpu_embed.tables.table_specs import group_into_tables
 from tests import initializer_cases as cases
 from tests import testing
 
