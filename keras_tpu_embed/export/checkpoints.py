@@ -28,9 +28,9 @@ from keras_tpu_embed.export.export_records import damaged_file_error
 from keras_tpu_embed.export.loading import LOAD_ERRORS
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
-from keras_tpu_embed.lookup.sparsecore_checkpoint import EngineTableHandle
-from keras_tpu_embed.lookup.sparsecore_checkpoint import TableContainer
-from keras_tpu_embed.lookup.sparsecore_checkpoint import saved_table_shapes
+from keras_tpu_embed.tables.sparsecore_checkpoint import EngineTableHandle
+from keras_tpu_embed.tables.sparsecore_checkpoint import TableContainer
+from keras_tpu_embed.tables.sparsecore_checkpoint import saved_table_shapes
 
 
 class EngineCheckpointView(TableContainer):

@@ -35,7 +35,6 @@ from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
-from keras_tpu_embed.lookup.sparsecore_checkpoint import TableContainer
 from keras_tpu_embed.lookup.table_lookup import TableLookup
 from keras_tpu_embed.lookup.table_lookup import TableValues
 from keras_tpu_embed.optimizers import apply_update
@@ -43,6 +42,7 @@ from keras_tpu_embed.optimizers.row_update import refuse_non_finite
 from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.tables import initialization
 from keras_tpu_embed.tables.quantization import QuantizedTable
+from keras_tpu_embed.tables.sparsecore_checkpoint import TableContainer
 from keras_tpu_embed.tables.table_specs import TableSpec
 from keras_tpu_embed.types import Tensor
 

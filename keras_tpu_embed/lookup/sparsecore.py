@@ -40,19 +40,19 @@ from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_host_ids import HostIdRule
 from keras_tpu_embed.lookup.engine_variables import HostShard
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
-from keras_tpu_embed.lookup.sparsecore_checkpoint import SPARSE_CORE
-from keras_tpu_embed.lookup.sparsecore_checkpoint import EngineTableHandle
-from keras_tpu_embed.lookup.sparsecore_checkpoint import SparseCoreTable
-from keras_tpu_embed.lookup.sparsecore_checkpoint import SparseCoreTableValues
-from keras_tpu_embed.lookup.sparsecore_checkpoint import local_name
-from keras_tpu_embed.lookup.sparsecore_shards import SparseCoreInitializer
-from keras_tpu_embed.lookup.sparsecore_shards import as_rows
-from keras_tpu_embed.lookup.sparsecore_shards import initializer_rows
-from keras_tpu_embed.lookup.sparsecore_shards import read_rows
-from keras_tpu_embed.lookup.sparsecore_shards import read_table
-from keras_tpu_embed.lookup.sparsecore_shards import write_table
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.tables.initialization import EngineInitializer
+from keras_tpu_embed.tables.sparsecore_checkpoint import SPARSE_CORE
+from keras_tpu_embed.tables.sparsecore_checkpoint import EngineTableHandle
+from keras_tpu_embed.tables.sparsecore_checkpoint import SparseCoreTable
+from keras_tpu_embed.tables.sparsecore_checkpoint import SparseCoreTableValues
+from keras_tpu_embed.tables.sparsecore_checkpoint import local_name
+from keras_tpu_embed.tables.sparsecore_shards import SparseCoreInitializer
+from keras_tpu_embed.tables.sparsecore_shards import as_rows
+from keras_tpu_embed.tables.sparsecore_shards import initializer_rows
+from keras_tpu_embed.tables.sparsecore_shards import read_rows
+from keras_tpu_embed.tables.sparsecore_shards import read_table
+from keras_tpu_embed.tables.sparsecore_shards import write_table
 from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
 

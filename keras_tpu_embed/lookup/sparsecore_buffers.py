@@ -49,7 +49,7 @@ from typing import Sequence
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.lookup.sparsecore_layout import stacking_layouts
+from keras_tpu_embed.tables.sparsecore_layout import stacking_layouts
 from keras_tpu_embed.tpu.profile_files import profiled_max_ids
 from keras_tpu_embed.types import Tensor
 

@@ -33,9 +33,9 @@ from typing import Sequence
 import numpy as np
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.lookup import sparsecore_layout
-from keras_tpu_embed.lookup.sparsecore_layout import TableLayout
 from keras_tpu_embed.tables import initialization
+from keras_tpu_embed.tables import sparsecore_layout
+from keras_tpu_embed.tables.sparsecore_layout import TableLayout
 from keras_tpu_embed.tables.table_specs import CheckpointInitializer
 from keras_tpu_embed.types import InitializerLike
 from keras_tpu_embed.types import Tensor

@@ -64,10 +64,10 @@ from keras_tpu_embed._compat import Trackable
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_sparse_core_layout_pb2
 from keras_tpu_embed._compat import tf_trackable_utils
-from keras_tpu_embed.lookup import sparsecore_layout
-from keras_tpu_embed.lookup import sparsecore_shards
-from keras_tpu_embed.lookup.sparsecore_layout import TableLayout
-from keras_tpu_embed.lookup.sparsecore_shards import TableRows
+from keras_tpu_embed.tables import sparsecore_layout
+from keras_tpu_embed.tables import sparsecore_shards
+from keras_tpu_embed.tables.sparsecore_layout import TableLayout
+from keras_tpu_embed.tables.sparsecore_shards import TableRows
 from keras_tpu_embed.types import Tensor
 
 SPARSE_CORE = "_sparse_core"
