@@ -19,12 +19,12 @@ from typing import Sequence
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.backends import layer_variables
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.config import as_config
-from keras_tpu_embed.export import layer_variables
 from keras_tpu_embed.layer_config import layer_arguments
 from keras_tpu_embed.layer_config import layer_config
 from keras_tpu_embed.lookup import returned_checks
@@ -457,7 +457,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return cls(**layer_arguments(config))
 
     def save_own_variables(self, store: Any) -> None:
-        """Stores tables and slots by name (`export/layer_variables.py`)."""
+        """Stores tables and slots by name (`backends/layer_variables.py`)."""
         layer_variables.save_layer_variables(self, store, self._engine_tables)
 
     def load_own_variables(self, store: Any) -> None:

@@ -208,7 +208,6 @@ def _folder_imports():
 # this list may only shrink. A new pair means a module sits in the wrong
 # folder, or a helper does.
 FOLDERS_IMPORTING_EACH_OTHER = {
-    ("export/", "layers.py"),
     ("lookup/", "tpu/"),
 }
 

@@ -1,3 +1,6 @@
-"""Where a layer's tables live when no embedding engine holds them, and
-what each of their updates uses (`embedding_step.py`: the step count and
-learning rate, read by the engines too)."""
+"""Where a layer's tables live when no embedding engine holds them.
+
+`embedding_step.py` gives each update its step count and learning rate
+(the engines read it too); `layer_variables.py` names a layer's variables
+in a `.keras` file, whichever backend holds them.
+"""
