@@ -27,7 +27,6 @@ from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.config import as_config
 from keras_tpu_embed.layer_config import layer_arguments
 from keras_tpu_embed.layer_config import layer_config
-from keras_tpu_embed.lookup import returned_checks
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.backend import TableBackend
 from keras_tpu_embed.lookup.embedding_core import EngineTables
@@ -35,6 +34,7 @@ from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_registry import engine_for
 from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.sparsecore_buffers import check_declared_columns
+from keras_tpu_embed.lookups import returned_checks
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.placement.device_plan import DevicePlan
 from keras_tpu_embed.placement.device_plan import plan_devices

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import padded_host
+from keras_tpu_embed.lookups import padded_host
 from keras_tpu_embed.tables import quantization
 from tests import serving_cases
 

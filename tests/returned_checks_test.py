@@ -4,9 +4,9 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import returned_checks
-from keras_tpu_embed.lookup.returned_checks import Checks
-from keras_tpu_embed.lookup.returned_checks import returned_checks as collect
+from keras_tpu_embed.lookups import returned_checks
+from keras_tpu_embed.lookups.returned_checks import Checks
+from keras_tpu_embed.lookups.returned_checks import returned_checks as collect
 
 
 def _layer(**column_args):

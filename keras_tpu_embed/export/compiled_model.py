@@ -8,9 +8,9 @@ where a peer compiled with XLA runs one program. XLA drops assertions, so
 the lookups' id and weight checks cannot simply be compiled in. Two ways:
 
 - **The whole model as one program**, when every lookup is the fused
-  host lookup of dense ids of declared widths (`lookup/fused_host.py`):
+  host lookup of dense ids of declared widths (`lookups/fused_host.py`):
   inside the program the lookups hand their checks over as data
-  (`lookup/returned_checks.py`), folded into one verdict; outside it, one
+  (`lookups/returned_checks.py`), folded into one verdict; outside it, one
   `Assert` raises naming the feature and the bad value when a check
   failed. The inputs' batch sizes are one more check there, named by
   every input and its size; the inputs are conformed to the first one's
@@ -46,11 +46,11 @@ from keras_tpu_embed.export.serving_inputs import input_keys
 from keras_tpu_embed.export.serving_inputs import one_batch_in_program
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
-from keras_tpu_embed.lookup.returned_checks import Verdict
-from keras_tpu_embed.lookup.returned_checks import assert_clear
-from keras_tpu_embed.lookup.returned_checks import messages_of
-from keras_tpu_embed.lookup.returned_checks import returned_checks
-from keras_tpu_embed.lookup.returned_checks import verdict
+from keras_tpu_embed.lookups.returned_checks import Verdict
+from keras_tpu_embed.lookups.returned_checks import assert_clear
+from keras_tpu_embed.lookups.returned_checks import messages_of
+from keras_tpu_embed.lookups.returned_checks import returned_checks
+from keras_tpu_embed.lookups.returned_checks import verdict
 from keras_tpu_embed.types import Tensor
 
 
@@ -59,7 +59,7 @@ def compiled_call(
 ) -> Callable[[Any], Any]:
     """`model`'s serving call compiled with XLA (see module doc): the whole
     model as one program when every lookup hands its checks over
-    (`lookup/returned_checks.py`), else every layer after the embedding
+    (`lookups/returned_checks.py`), else every layer after the embedding
     layers as one program, the lookups run apart.
 
     Call it inside the export's serving mode (`serving.serving_lookups`),
@@ -118,7 +118,7 @@ class NotWhole(Exception):
 class CheckedProgram:
     """`function` (a call of layers with lookups in it) as one XLA program
     returning its outputs and the `Verdict` of every lookup's checks
-    (`lookup/returned_checks.py`).
+    (`lookups/returned_checks.py`).
 
     Traced on its first call, which raises `NotWhole` when some lookup
     cannot hand its checks over (its checks would be dropped by XLA).

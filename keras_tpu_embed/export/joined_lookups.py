@@ -8,14 +8,14 @@ executor steps at batch 1, where the fastest peer runs one program.
 
 Here, when every embedding layer of a functional model is called once,
 by the model itself, on the model's own inputs, and every lookup is the
-fused host lookup of dense ids of declared widths (`lookup/fused_host.py`;
+fused host lookup of dense ids of declared widths (`lookups/fused_host.py`;
 an undeclared or wider width is checked per batch outside any program),
 the export:
 
 - runs every layer's lookups as one XLA program on the inputs as they
   come, which returns their activations and the verdict of their checks
   (every input of the call of one batch size, every id in range, every
-  weight finite: `lookup/returned_checks.py`; XLA drops assertions); XLA
+  weight finite: `lookups/returned_checks.py`; XLA drops assertions); XLA
   compiles it once per batch size served, as Keras' `jit_compile` does,
   and knows the inputs' batch sizes then, so comparing them costs a call
   nothing;
@@ -58,8 +58,8 @@ from keras_tpu_embed.export.serving_inputs import ensure_signature_shape
 from keras_tpu_embed.export.serving_inputs import input_keys
 from keras_tpu_embed.export.serving_inputs import one_batch_in_program
 from keras_tpu_embed.export.serving_inputs import shapes_of
-from keras_tpu_embed.lookup.fused_host import cut_rows
-from keras_tpu_embed.lookup.padded_host import bucket
+from keras_tpu_embed.lookups.fused_host import cut_rows
+from keras_tpu_embed.lookups.padded_host import bucket
 from keras_tpu_embed.placement.ids import PADDING_ID
 from keras_tpu_embed.types import Tensor
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.lookup import returned_checks
+from keras_tpu_embed.lookups import returned_checks
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     FeaturePreprocessor,
 )
@@ -305,7 +305,7 @@ def shapes_of(values: list[Tensor]) -> list[Tensor]:
 def one_batch_in_program(sizes: list[Tensor], keys: list[str]) -> None:
     """Hands the check that `sizes` (the batch sizes of the inputs `keys`,
     scalars) are equal to the checked program being traced
-    (`lookup/returned_checks.py`), its message naming every input and its
+    (`lookups/returned_checks.py`), its message naming every input and its
     batch size. XLA knows the sizes of its inputs when it compiles, so the
     comparison of static sizes costs a served call nothing."""
     handed = returned_checks.active()

@@ -27,16 +27,16 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.backends import embedding_step as update_rules
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.lookup import dense_xla
-from keras_tpu_embed.lookup import fused_host
-from keras_tpu_embed.lookup import padded_host
 from keras_tpu_embed.lookup import replicas
-from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.lookup.backend import Activations
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.gradient_trap import trap_gradients
-from keras_tpu_embed.lookup.table_lookup import TableLookup
-from keras_tpu_embed.lookup.table_lookup import TableValues
+from keras_tpu_embed.lookups import dense_xla
+from keras_tpu_embed.lookups import fused_host
+from keras_tpu_embed.lookups import padded_host
+from keras_tpu_embed.lookups import sparse
+from keras_tpu_embed.lookups.lookup_interfaces import TableLookup
+from keras_tpu_embed.lookups.lookup_interfaces import TableValues
 from keras_tpu_embed.optimizers import apply_update
 from keras_tpu_embed.optimizers.row_update import refuse_non_finite
 from keras_tpu_embed.placement.devices import LookupDevice

@@ -228,7 +228,7 @@ def _positions_as_samples(
     (row) of a feature into one vector and reshapes the feature's samples
     to its `output_shape`. So position `p` of example `b` is fed as sample
     `b * length + p`, positions from `length` on are dropped here, on the
-    host, as the host path truncates them (`lookup/sparse.py`, `sequence`:
+    host, as the host path truncates them (`lookups/sparse.py`, `sequence`:
     one segment per position, combined with the column's combiner), and
     the `[batch, length]` output shape gives `[batch, length, dim]`, zero
     where a position holds no id.

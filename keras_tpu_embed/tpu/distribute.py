@@ -116,7 +116,7 @@ def distribute_dataset(
     engine are known. A distributed dataset passed in is not changed.
 
     On a TPU without an embedding engine (e.g. v5e) every table runs the
-    tensor-core lookup (`lookup/dense_xla.py`), and each core holds every
+    tensor-core lookup (`lookups/dense_xla.py`), and each core holds every
     table in full: that is what the tensor-core path is, not something
     input can change. Its ids are made dense here, on the host:
     `[per_replica_batch, width]` with the column's width

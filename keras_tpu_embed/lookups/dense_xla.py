@@ -6,7 +6,7 @@ what runs on a TPU's TensorCore. Ids arrive as a dense `[batch, width]`
 matrix padded with -1 (the preprocessor pads them on the host); longer rows
 are truncated to the column's width.
 
-Semantics are the sparse lookup's (`lookup/sparse.py`) for rows that fit:
+Semantics are the sparse lookup's (`lookups/sparse.py`) for rows that fit:
 invalid (negative) ids are pruned, and for "mean" / "sqrtn" with safe lookup
 so are non-positive weights. The TF reference supports only "sum" / "mean"
 and drops weights; this path supports "sqrtn", weights and sequences.
@@ -18,9 +18,9 @@ from typing import Any
 from typing import Mapping
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
-from keras_tpu_embed.lookup.table_lookup import ScratchVariable
-from keras_tpu_embed.lookup.table_lookup import TableValues
+from keras_tpu_embed.lookups.lookup_interfaces import AcrossReplicas
+from keras_tpu_embed.lookups.lookup_interfaces import ScratchVariable
+from keras_tpu_embed.lookups.lookup_interfaces import TableValues
 from keras_tpu_embed.placement.ids import PADDING_ID
 from keras_tpu_embed.placement.ids import check_ids_dtype
 from keras_tpu_embed.placement.ids import densify

@@ -51,16 +51,16 @@ from typing import Sequence
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
-from keras_tpu_embed.lookup import dense_xla
-from keras_tpu_embed.lookup import returned_checks
-from keras_tpu_embed.lookup.padded_host import PADDING_LIMIT
-from keras_tpu_embed.lookup.padded_host import PaddedHostLookup
-from keras_tpu_embed.lookup.padded_host import bucket
-from keras_tpu_embed.lookup.padded_host import out_of_range_message
-from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
-from keras_tpu_embed.lookup.table_lookup import ScratchVariable
-from keras_tpu_embed.lookup.table_lookup import TableValues
-from keras_tpu_embed.lookup.table_lookup import refuse_training
+from keras_tpu_embed.lookups import dense_xla
+from keras_tpu_embed.lookups import returned_checks
+from keras_tpu_embed.lookups.lookup_interfaces import AcrossReplicas
+from keras_tpu_embed.lookups.lookup_interfaces import ScratchVariable
+from keras_tpu_embed.lookups.lookup_interfaces import TableValues
+from keras_tpu_embed.lookups.lookup_interfaces import refuse_training
+from keras_tpu_embed.lookups.padded_host import PADDING_LIMIT
+from keras_tpu_embed.lookups.padded_host import PaddedHostLookup
+from keras_tpu_embed.lookups.padded_host import bucket
+from keras_tpu_embed.lookups.padded_host import out_of_range_message
 from keras_tpu_embed.placement.ids import PADDING_ID
 from keras_tpu_embed.placement.ids import check_ids_dtype
 from keras_tpu_embed.placement.ids import fit_width

@@ -6,13 +6,13 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import dense_xla
-from keras_tpu_embed.lookup import fused_host
-from keras_tpu_embed.lookup import padded_host
-from keras_tpu_embed.lookup import sparse
 from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.local_tables import LocalTables
-from keras_tpu_embed.lookup.table_lookup import TableLookup
+from keras_tpu_embed.lookups import dense_xla
+from keras_tpu_embed.lookups import fused_host
+from keras_tpu_embed.lookups import padded_host
+from keras_tpu_embed.lookups import sparse
+from keras_tpu_embed.lookups.lookup_interfaces import TableLookup
 from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.tables.table_specs import group_into_tables
 

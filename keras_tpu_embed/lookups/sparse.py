@@ -14,9 +14,9 @@ from typing import Any
 from typing import Mapping
 
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
-from keras_tpu_embed.lookup.table_lookup import ScratchVariable
-from keras_tpu_embed.lookup.table_lookup import TableValues
+from keras_tpu_embed.lookups.lookup_interfaces import AcrossReplicas
+from keras_tpu_embed.lookups.lookup_interfaces import ScratchVariable
+from keras_tpu_embed.lookups.lookup_interfaces import TableValues
 from keras_tpu_embed.optimizers import compiled_rows
 from keras_tpu_embed.placement.ids import IdBatch
 from keras_tpu_embed.placement.ids import identity_default

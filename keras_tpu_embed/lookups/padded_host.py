@@ -30,12 +30,12 @@ from typing import Mapping
 
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
-from keras_tpu_embed.lookup import dense_xla
-from keras_tpu_embed.lookup import sparse
-from keras_tpu_embed.lookup.table_lookup import AcrossReplicas
-from keras_tpu_embed.lookup.table_lookup import ScratchVariable
-from keras_tpu_embed.lookup.table_lookup import TableValues
-from keras_tpu_embed.lookup.table_lookup import refuse_training
+from keras_tpu_embed.lookups import dense_xla
+from keras_tpu_embed.lookups import sparse
+from keras_tpu_embed.lookups.lookup_interfaces import AcrossReplicas
+from keras_tpu_embed.lookups.lookup_interfaces import ScratchVariable
+from keras_tpu_embed.lookups.lookup_interfaces import TableValues
+from keras_tpu_embed.lookups.lookup_interfaces import refuse_training
 from keras_tpu_embed.placement.ids import PADDING_ID
 from keras_tpu_embed.placement.ids import IdBatch
 from keras_tpu_embed.placement.ids import check_ids_dtype
