@@ -2,9 +2,9 @@
 
 The layer is the Keras API and routes: at build it decides once where each
 table lives (`placement/device_plan.py`) and takes its backends from
-`lookup/local_tables.py` (its own `LocalTables`) and
+`backends/local_tables.py` (its own `LocalTables`) and
 `lookup/engine_registry.py` (the TPU system's engine);
-at call it asks each backend for activations (`lookup/backend.py`) and
+at call it asks each backend for activations (`backends/table_backend.py`) and
 assembles the output (`preprocessing/layer_io.py`). The math is in `lookup/` and
 `optimizers/`.
 """
@@ -20,6 +20,9 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.backends import layer_variables
+from keras_tpu_embed.backends.local_tables import LocalTables
+from keras_tpu_embed.backends.table_backend import Phase
+from keras_tpu_embed.backends.table_backend import TableBackend
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
@@ -27,12 +30,9 @@ from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.config import as_config
 from keras_tpu_embed.layer_config import layer_arguments
 from keras_tpu_embed.layer_config import layer_config
-from keras_tpu_embed.lookup.backend import Phase
-from keras_tpu_embed.lookup.backend import TableBackend
 from keras_tpu_embed.lookup.embedding_core import EngineTables
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_registry import engine_for
-from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.lookup.sparsecore_buffers import check_declared_columns
 from keras_tpu_embed.lookups import returned_checks
 from keras_tpu_embed.placement import hardware as tpu_hardware
@@ -305,7 +305,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         )
         # Stays 0 and receives a zero gradient; it exists so that Keras
         # differentiates the path through the tables, whose backward pass
-        # applies the sparse updates (see lookup/gradient_trap.py). Its
+        # applies the sparse updates (see backends/gradient_trap.py). Its
         # name says so in `model.trainable_weights`.
         self.gradient_trap = self.add_weight(
             name="table_update_trigger",

@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.backend import Phase
-from keras_tpu_embed.lookup.local_tables import LocalTables
+from keras_tpu_embed.backends.local_tables import LocalTables
+from keras_tpu_embed.backends.table_backend import Phase
 from keras_tpu_embed.lookups import dense_xla
 from keras_tpu_embed.lookups import fused_host
 from keras_tpu_embed.lookups import padded_host

@@ -42,12 +42,12 @@ from typing import Sequence
 import numpy as np
 
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.backends.table_backend import Activations
+from keras_tpu_embed.backends.table_backend import Phase
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import engine_checks
 from keras_tpu_embed.lookup import engine_host_ids
-from keras_tpu_embed.lookup.backend import Activations
-from keras_tpu_embed.lookup.backend import Phase
 from keras_tpu_embed.lookup.engine_step import EngineStep
 from keras_tpu_embed.lookup.engine_variables import EngineMember
 from keras_tpu_embed.lookup.engine_variables import EngineRows

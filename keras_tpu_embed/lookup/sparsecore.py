@@ -33,13 +33,13 @@ from typing import Sequence
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._tf_private import sparsecore_build_per_sparse_core
 from keras_tpu_embed._tf_private import wrap_sparsecore_preprocessing
+from keras_tpu_embed.backends.gradient_trap import trap_gradients
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.lookup import sparsecore_buffers
 from keras_tpu_embed.lookup.embedding_core import SharedEngine
 from keras_tpu_embed.lookup.engine_host_ids import HostIdRule
 from keras_tpu_embed.lookup.engine_variables import HostShard
-from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.tables.initialization import EngineInitializer
 from keras_tpu_embed.tables.sparsecore_checkpoint import SPARSE_CORE

@@ -197,7 +197,7 @@ class DenseTableLookup:
     a range check, one gather for all of the table's columns, and the
     combiner. In training the gathered rows go through the gradient trap and
     `update_arguments` deduplicates their gradients with static shapes. A
-    `table_lookup.TableLookup`.
+    `lookup_interfaces.TableLookup`.
     """
 
     def __init__(
@@ -345,7 +345,7 @@ class DenseTableLookup:
                 table's name (none: no update).
             updates_all_rows: Whether the optimizer's step is dense.
             across_replicas: Concatenates tensors over every replica (see
-                `lookup/replicas.py`): the entries of the global batch are
+                `backends/replicas.py`): the entries of the global batch are
                 deduplicated together, with static shapes still.
             scratch: The table's dedupe scratch variable under its name
                 (see `summed_duplicates`); without one, a fresh one per step.

@@ -37,7 +37,7 @@ with, and the checks go to the caller.
 
 Sequence lengths (`return_sequence_lengths`) and ragged or sparse ids keep
 the per-column path (`applies` says which calls are fused).
-`FusedHostLookup` is this lookup as a `table_lookup.TableLookup`.
+`FusedHostLookup` is this lookup as a `lookup_interfaces.TableLookup`.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class FusedHostLookup:
     """Every table's `cpu` serving lookup for one call, in one program
     (see module doc); for calls `applies` accepts.
 
-    A `table_lookup.TableLookup` that serves only: asked to train, it
+    A `lookup_interfaces.TableLookup` that serves only: asked to train, it
     raises `RuntimeError`. The one program is always XLA-compiled (that is
     what it is for); `compiled` applies to the per-column path that a wide,
     mostly padded batch takes.

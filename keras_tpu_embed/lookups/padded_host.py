@@ -78,7 +78,7 @@ def bucket(size: Tensor) -> Tensor:
 class PaddedHostLookup:
     """One table's `cpu` serving lookup for one call (see module doc).
 
-    A `table_lookup.TableLookup` that serves only: asked to train, it
+    A `lookup_interfaces.TableLookup` that serves only: asked to train, it
     raises `RuntimeError`.
     """
 

@@ -232,7 +232,7 @@ def read_batches(
 class SparseTableLookup:
     """One table's host lookup for one call: validate, gather, combine.
 
-    A `table_lookup.TableLookup`. Training gathers each distinct row once
+    A `lookup_interfaces.TableLookup`. Training gathers each distinct row once
     (`training_rows`); those rows pass through the gradient trap, and
     `update_arguments` turns their gradient into the optimizer's inputs.
     """
@@ -358,7 +358,7 @@ class SparseTableLookup:
             updates_all_rows: Whether the optimizer's step is dense; it then
                 gets the distinct rows without padding.
             across_replicas: Concatenates tensors over every replica (see
-                `lookup/replicas.py`); the rows of the global batch are then
+                `backends/replicas.py`); the rows of the global batch are then
                 deduplicated again and their gradients summed.
             scratch: Not read: the distinct rows come from `tf.unique`,
                 which needs no scratch.

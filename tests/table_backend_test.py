@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import backend
+from keras_tpu_embed.backends import table_backend
+from keras_tpu_embed.backends.local_tables import LocalTables
 from keras_tpu_embed.lookup.embedding_core import EngineTables
-from keras_tpu_embed.lookup.local_tables import LocalTables
 from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.tables.table_specs import group_into_tables
 from tests import testing
@@ -19,7 +19,7 @@ from tests import testing
 
 def test_local_tables_have_the_protocols_signature():
     ours = inspect.signature(LocalTables.activations)
-    protocol = inspect.signature(backend.TableBackend.activations)
+    protocol = inspect.signature(table_backend.TableBackend.activations)
     assert list(ours.parameters) == list(protocol.parameters)
     assert ours.return_annotation == protocol.return_annotation
 
@@ -32,14 +32,14 @@ def test_local_tables_answer_activations_for_every_column():
     )
     columns = [testing.identity_column("a"), testing.identity_column("b")]
     columns.append(sequence)
-    tables: backend.TableBackend = LocalTables(
+    tables: table_backend.TableBackend = LocalTables(
         group_into_tables(columns), kte.EmbeddingConfig(), True
     )
     tables.create_variables(
         keras.layers.Layer(),
         {name: LookupDevice.CPU for name in tables.table_names},
     )
-    phase = backend.Phase(
+    phase = table_backend.Phase(
         training=False,
         serving=False,
         devices={name: LookupDevice.CPU for name in tables.table_names},
@@ -50,7 +50,7 @@ def test_local_tables_answer_activations_for_every_column():
         "s": tf.constant([[1, 2, 3], [4, -1, -1]]),
     }
     answer = tables.activations(features, phase)
-    assert isinstance(answer, backend.Activations)
+    assert isinstance(answer, table_backend.Activations)
     assert sorted(answer.values) == sorted(c.name for c in columns)
     a = tables.table_variable("a").numpy()
     b = tables.table_variable("b").numpy()
@@ -68,15 +68,18 @@ def test_local_tables_answer_activations_for_every_column():
 
 
 def test_phase_and_activations_are_frozen_values():
-    phase = backend.Phase(training=True, serving=False, devices={})
+    phase = table_backend.Phase(training=True, serving=False, devices={})
     with pytest.raises(dataclasses.FrozenInstanceError):
         phase.training = False
-    first, second = backend.Activations(values={}), backend.Activations({})
+    first, second = (
+        table_backend.Activations(values={}),
+        table_backend.Activations({}),
+    )
     assert first.lengths == {} and first.lengths is not second.lengths
 
 
 def test_backends_answer_the_protocol():
-    wanted = inspect.signature(backend.TableBackend.activations)
-    for table_backend in (LocalTables, EngineTables):
-        got = inspect.signature(table_backend.activations)
+    wanted = inspect.signature(table_backend.TableBackend.activations)
+    for implementation in (LocalTables, EngineTables):
+        got = inspect.signature(implementation.activations)
         assert list(got.parameters) == list(wanted.parameters)

@@ -6,7 +6,7 @@ not touch them). Each call looks a table up on the device of the phase: the
 sparse lookup (`sparse.py`) or the dense XLA lookup (`dense_xla.py`); a
 serving trace on the host pads and compiles where it can (`padded_host.py`;
 all columns in one program when every column's ids are dense,
-`fused_host.py`). Every lookup is a `table_lookup.TableLookup`, called
+`fused_host.py`). Every lookup is a `lookup_interfaces.TableLookup`, called
 the same way; each reads quantized copies of the tables if the export asks
 (`serving_tables`, `tables/quantization.py`). In a training call the
 gathered rows pass through the gradient trap (`gradient_trap.py`), whose
@@ -26,11 +26,11 @@ from typing import Sequence
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.backends import embedding_step as update_rules
+from keras_tpu_embed.backends import replicas
+from keras_tpu_embed.backends.gradient_trap import trap_gradients
+from keras_tpu_embed.backends.table_backend import Activations
+from keras_tpu_embed.backends.table_backend import Phase
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.lookup import replicas
-from keras_tpu_embed.lookup.backend import Activations
-from keras_tpu_embed.lookup.backend import Phase
-from keras_tpu_embed.lookup.gradient_trap import trap_gradients
 from keras_tpu_embed.lookups import dense_xla
 from keras_tpu_embed.lookups import fused_host
 from keras_tpu_embed.lookups import padded_host
