@@ -44,9 +44,9 @@ SLOW_FILES = (
     "examples_test.py",  # 24
     "demo_test.py",  # 24
     "dense_xla_test.py",  # 20
-    "embedding_core_test.py",  # 16 (with the two below, before the split)
+    "v1_engine_test.py",  # 16 (with the two below, before the split)
     "engine_step_test.py",
-    "engine_variables_test.py",
+    "engine_members_test.py",
     "loading_test.py",  # 13
 )
 

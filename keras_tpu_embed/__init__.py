@@ -37,6 +37,9 @@ from keras_tpu_embed.columns import (
     weighted_categorical_column as weighted_categorical_column,
 )
 from keras_tpu_embed.config import EmbeddingConfig as EmbeddingConfig
+from keras_tpu_embed.engines.conversion import (
+    to_tpu_feature_configs as to_tpu_feature_configs,
+)
 from keras_tpu_embed.export.checkpoints import (
     engine_checkpoint as engine_checkpoint,
 )
@@ -65,9 +68,6 @@ from keras_tpu_embed.shared_layer import (
     SharedTPUEmbedding as SharedTPUEmbedding,
 )
 from keras_tpu_embed.tables import quantization
-from keras_tpu_embed.tpu.conversion import (
-    to_tpu_feature_configs as to_tpu_feature_configs,
-)
 from keras_tpu_embed.tpu.distribute import (
     distribute_dataset as distribute_dataset,
 )

@@ -3,7 +3,7 @@
 The layer is the Keras API and routes: at build it decides once where each
 table lives (`placement/device_plan.py`) and takes its backends from
 `backends/local_tables.py` (its own `LocalTables`) and
-`lookup/engine_registry.py` (the TPU system's engine);
+`engines/engine_registry.py` (the TPU system's engine);
 at call it asks each backend for activations (`backends/table_backend.py`) and
 assembles the output (`preprocessing/layer_io.py`). The math is in `lookup/` and
 `optimizers/`.
@@ -28,12 +28,14 @@ from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.config import as_config
+from keras_tpu_embed.engines.engine_registry import engine_for
+from keras_tpu_embed.engines.sparsecore.sparsecore_buffers import (
+    check_declared_columns,
+)
+from keras_tpu_embed.engines.v1.v1_engine import EngineTables
+from keras_tpu_embed.engines.v1.v1_engine import SharedEngine
 from keras_tpu_embed.layer_config import layer_arguments
 from keras_tpu_embed.layer_config import layer_config
-from keras_tpu_embed.lookup.embedding_core import EngineTables
-from keras_tpu_embed.lookup.embedding_core import SharedEngine
-from keras_tpu_embed.lookup.engine_registry import engine_for
-from keras_tpu_embed.lookup.sparsecore_buffers import check_declared_columns
 from keras_tpu_embed.lookups import returned_checks
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.placement.device_plan import DevicePlan
@@ -69,7 +71,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     default device, the dense `tpu_tensor_core` lookup (compiled with XLA),
     or,
     when the layer is built under `TPUStrategy` on a TPU with an embedding
-    engine, the engine itself (`lookup/embedding_core.py`): every embedding
+    engine, the engine itself (`engines/v1/v1_engine.py`): every embedding
     layer of the model then shares one
     `tf.tpu.experimental.embedding.TPUEmbedding` (on SparseCore TPUs, v5p
     and later: one `TPUEmbeddingV2`), which owns those tables and slots.

@@ -1,4 +1,4 @@
-"""The parts of `lookup/engine_step.py` that run without an engine.
+"""The parts of `engines/engine_step.py` that run without an engine.
 
 The engine step itself (one named enqueue of every feature per step, its
 dequeue, one `apply_gradients` with each table's learning rate and each
@@ -9,7 +9,7 @@ layer's gradient multiplier, the step counted once) runs under TF's own
 import pytest
 import tensorflow as tf
 
-from keras_tpu_embed.lookup import engine_step
+from keras_tpu_embed.engines import engine_step
 from keras_tpu_embed.placement.hardware import EmbeddingHardware
 
 

@@ -2,7 +2,7 @@
 
 A layer's tables are held either by the layer itself (`local_tables.py`:
 sparse lookups on the default device or dense XLA lookups, trained through
-the gradient trap) or by the TPU embedding engine (`embedding_core.py`,
+the gradient trap) or by the TPU embedding engine (`v1_engine.py`,
 one mid-level object per TPU system). Both answer `activations` for one
 call; the layer merges their answers and never looks inside.
 """

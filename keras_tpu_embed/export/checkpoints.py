@@ -7,7 +7,7 @@ built here tracks the layers' own variables under exactly those names, so
 `tf.train.Checkpoint(embedding=engine_checkpoint(model))` on CPU and
 `tf.train.Checkpoint(embedding=mid_level_object)` on TPU read and write the
 same checkpoint. For layers built on the TPU engine
-(`lookup/embedding_core.py`), the tables live on the TPU: the view tracks
+(`engines/v1/v1_engine.py`), the tables live on the TPU: the view tracks
 each engine table and slot under the same name as an
 `EngineTableCheckpoint`, which reads the TPU when saved and writes the TPU
 when restored, so a checkpoint
@@ -24,10 +24,10 @@ from typing import NamedTuple
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.engines.engine_members import EngineTableCheckpoint
 from keras_tpu_embed.export.export_records import damaged_file_error
 from keras_tpu_embed.export.loading import LOAD_ERRORS
 from keras_tpu_embed.layers_in_model import embedding_layers
-from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
 from keras_tpu_embed.tables.sparsecore_checkpoint import EngineTableHandle
 from keras_tpu_embed.tables.sparsecore_checkpoint import TableContainer
 from keras_tpu_embed.tables.sparsecore_checkpoint import saved_table_shapes

@@ -81,7 +81,7 @@ _CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 class SparseCoreTables(Protocol):
     """What the checkpoint reads of the SparseCore engine
-    (`sparsecore.SparseCoreEngine`)."""
+    (`sparsecore_engine.SparseCoreEngine`)."""
 
     def table_slots(self, table: str) -> dict[str, list[int]]: ...
 

@@ -32,7 +32,7 @@ from keras_tpu_embed._tf_private import distributed_dataset_cardinality
 from keras_tpu_embed._tf_private import distributed_dataset_options
 from keras_tpu_embed._tf_private import set_distributed_dataset_cardinality
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
-from keras_tpu_embed.lookup import engine_registry
+from keras_tpu_embed.engines import engine_registry
 from keras_tpu_embed.tpu.host_ids import engine_id_filter
 from keras_tpu_embed.tpu.host_ids import keras_dense_ids
 from keras_tpu_embed.tpu.host_ids import tensor_core_padding

@@ -26,7 +26,7 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.columns.embedding import ColumnLike
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
-from keras_tpu_embed.lookup import engine_registry
+from keras_tpu_embed.engines import engine_registry
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.placement.ids import PADDING_ID

@@ -28,10 +28,10 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import SUPPORTED_PARTITION_STRATEGIES
+from keras_tpu_embed.engines.sparsecore.profile_files import profile_path
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.placement.ids import to_id_batch
 from keras_tpu_embed.tables.table_specs import group_into_tables
-from keras_tpu_embed.tpu.profile_files import profile_path
 
 
 def shard_of(

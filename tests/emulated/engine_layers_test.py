@@ -1,7 +1,7 @@
 """The layers on a TPU: what they build, refuse and feed the engine.
 
 Under `emulated_tpu` the layers see TF's own `TPUStrategy` and build TF's
-own `TPUEmbedding` (`lookup/embedding_core.py`): a layer used with the
+own `TPUEmbedding` (`engines/v1/v1_engine.py`): a layer used with the
 wrong strategy, layers that cannot share one engine, what the engine
 cannot do, an export or a weights file without the engine's tables, and a
 TPU without an engine (`"UNSUPPORTED"`, v5e: tables fall back to the

@@ -3,7 +3,7 @@
 One JSON file per table in the profile directory (TPUEstimator's
 `profile_data_directory`); the SparseCore engine reads each column's
 `max_ids_per_example` from it when the column's inputs do not bound it
-(`lookup/sparsecore_buffers.py`).
+(`engines/sparsecore/sparsecore_buffers.py`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The engine's members and tables: shapes, host shards, checkpoints.
 
 `EngineVariables` is the base of the TPU embedding engine
-(`embedding_core.SharedEngine`): the layers registered with it
+(`v1_engine.SharedEngine`): the layers registered with it
 (`EngineMember`), the `FeatureConfig`s they brought, the mid-level object
 made from them, and the tables and slots that object holds. Their names
 and shapes are known from the configs before TF creates the tables (at
@@ -41,7 +41,7 @@ from keras_tpu_embed._tf_private import mid_level_load_variables
 from keras_tpu_embed._tf_private import mid_level_retrieve
 from keras_tpu_embed._tf_private import mid_level_table_variables
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.lookup.engine_host_ids import HostIdRule
+from keras_tpu_embed.engines.engine_host_ids import HostIdRule
 from keras_tpu_embed.placement.hardware import EmbeddingHardware
 from keras_tpu_embed.types import Tensor
 

@@ -1,4 +1,4 @@
-"""The engine's rules that need no TPU (`lookup/embedding_core.py`).
+"""The engine's rules that need no TPU (`engines/v1/v1_engine.py`).
 
 The host path's weights under mixed precision, why SparseCore's engine is
 made at the first step (TF's own function, on CPU), and what the engine
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.embedding_core import SharedEngine
+from keras_tpu_embed.engines.v1.v1_engine import SharedEngine
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from tests.engine_models import N
 from tests.engine_models import engine_columns

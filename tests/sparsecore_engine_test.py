@@ -1,6 +1,6 @@
 """SparseCore (`TPUEmbeddingV2`): what it cannot honour is refused by name.
 
-These run the pure checks of `lookup/sparsecore.py` on the
+These run the pure checks of `engines/sparsecore/sparsecore_engine.py` on the
 `tf.tpu.experimental.embedding` configs the layers would hand to
 `TPUEmbeddingV2` (`tpu_embedding_v3.py`), without a TPU or an emulation.
 """
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import sparsecore
+from keras_tpu_embed.engines.sparsecore import sparsecore_engine
 
 
 def _column(name="item", **kwargs):
@@ -19,7 +19,9 @@ def _column(name="item", **kwargs):
 
 
 def _check(columns, config):
-    sparsecore.refuse_what_sparse_core_cannot_honour("embed", columns, config)
+    sparsecore_engine.refuse_what_sparse_core_cannot_honour(
+        "embed", columns, config
+    )
 
 
 def _refusal(columns, config):
@@ -156,7 +158,7 @@ def test_sequence_positions_become_samples_truncated_on_the_host():
     # max_sequence_length of 2 keeps positions 0 and 1.
     ids = tf.ragged.constant([[5, 6, 7, 8], [9], []], dtype=tf.int64)
     weights = tf.ragged.constant([[1.0, 2.0, 3.0, 4.0], [0.5], []])
-    samples, sample_weights = sparsecore._positions_as_samples(
+    samples, sample_weights = sparsecore_engine._positions_as_samples(
         ids, weights, length=2, batch=3
     )
     assert samples.dense_shape.numpy().tolist() == [6, 1]
@@ -165,7 +167,7 @@ def test_sequence_positions_become_samples_truncated_on_the_host():
     assert samples.values.numpy().tolist() == [5, 6, 9]
     assert sample_weights.indices.numpy().tolist() == [[0, 0], [1, 0], [2, 0]]
     assert sample_weights.values.numpy().tolist() == [1.0, 2.0, 0.5]
-    sparse, none = sparsecore._positions_as_samples(
+    sparse, none = sparsecore_engine._positions_as_samples(
         ids.to_sparse(), None, length=3, batch=3
     )
     assert none is None

@@ -18,7 +18,7 @@ string: `sum`, `mean` and `sqrtn` are TF's built-in three.
 `refuse_what_sparse_core_cannot_honour` says each of these at build, by
 column, with what to do instead: a table trained without a clip it was
 given would answer differently from the same model on CPU.
-`SparseCoreEngine` is the engine of `embedding_core.py` (one per strategy,
+`SparseCoreEngine` is the engine of `v1_engine.py` (one per strategy,
 every layer receiving every engine feature, the gradient trap) driving
 `TPUEmbeddingV2`; `engine_registry.engine_for` routes V2 strategies to it.
 """
@@ -36,10 +36,11 @@ from keras_tpu_embed._tf_private import wrap_sparsecore_preprocessing
 from keras_tpu_embed.backends.gradient_trap import trap_gradients
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.lookup import sparsecore_buffers
-from keras_tpu_embed.lookup.embedding_core import SharedEngine
-from keras_tpu_embed.lookup.engine_host_ids import HostIdRule
-from keras_tpu_embed.lookup.engine_variables import HostShard
+from keras_tpu_embed.engines.conversion import to_tpu_feature_configs
+from keras_tpu_embed.engines.engine_host_ids import HostIdRule
+from keras_tpu_embed.engines.engine_members import HostShard
+from keras_tpu_embed.engines.sparsecore import sparsecore_buffers
+from keras_tpu_embed.engines.v1.v1_engine import SharedEngine
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.tables.initialization import EngineInitializer
 from keras_tpu_embed.tables.sparsecore_checkpoint import SPARSE_CORE
@@ -53,7 +54,6 @@ from keras_tpu_embed.tables.sparsecore_shards import initializer_rows
 from keras_tpu_embed.tables.sparsecore_shards import read_rows
 from keras_tpu_embed.tables.sparsecore_shards import read_table
 from keras_tpu_embed.tables.sparsecore_shards import write_table
-from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
 
 # `TPUEmbeddingV2.apply_gradients` has one update op for each of these.

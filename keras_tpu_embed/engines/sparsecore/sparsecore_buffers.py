@@ -49,8 +49,8 @@ from typing import Sequence
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
+from keras_tpu_embed.engines.sparsecore.profile_files import profiled_max_ids
 from keras_tpu_embed.tables.sparsecore_layout import stacking_layouts
-from keras_tpu_embed.tpu.profile_files import profiled_max_ids
 from keras_tpu_embed.types import Tensor
 
 _EMBEDDING = tf.tpu.experimental.embedding

@@ -28,9 +28,9 @@ from keras_tpu_embed._tf_private import mid_level_built
 from keras_tpu_embed._tf_private import replica_index
 from keras_tpu_embed.backends import embedding_step as update_rules
 from keras_tpu_embed.backends.gradient_trap import trap_gradients
-from keras_tpu_embed.lookup import engine_checks
-from keras_tpu_embed.lookup.engine_variables import EngineMember
-from keras_tpu_embed.lookup.engine_variables import EngineVariables
+from keras_tpu_embed.engines import engine_checks
+from keras_tpu_embed.engines.engine_members import EngineMember
+from keras_tpu_embed.engines.engine_members import EngineVariables
 from keras_tpu_embed.optimizers import row_update
 from keras_tpu_embed.placement.hardware import EmbeddingHardware
 from keras_tpu_embed.types import Tensor

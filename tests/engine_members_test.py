@@ -8,9 +8,9 @@ between the TPU and CPU) run under TF's own `TPUEmbedding` in
 
 import tensorflow as tf
 
-from keras_tpu_embed.lookup.engine_variables import HostShard
-from keras_tpu_embed.lookup.engine_variables import host_shards
-from keras_tpu_embed.lookup.engine_variables import slice_spec
+from keras_tpu_embed.engines.engine_members import HostShard
+from keras_tpu_embed.engines.engine_members import host_shards
+from keras_tpu_embed.engines.engine_members import slice_spec
 
 
 def test_host_shards_are_contiguous_the_first_ones_one_row_longer():

@@ -15,8 +15,10 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from keras_tpu_embed.lookup.embedding_core import SharedEngine
-from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
+from keras_tpu_embed.engines.sparsecore.sparsecore_engine import (
+    SparseCoreEngine,
+)
+from keras_tpu_embed.engines.v1.v1_engine import SharedEngine
 from keras_tpu_embed.placement.hardware import EmbeddingHardware
 
 _ENGINES: weakref.WeakKeyDictionary[Any, SharedEngine] = (

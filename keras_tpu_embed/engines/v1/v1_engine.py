@@ -22,15 +22,16 @@ one `SharedEngine` (`engine_registry.py` keeps one per strategy):
   layer whose local tables do not count it already (`engine_step.py`);
 - the tables' shapes are known from the configs before TF creates them,
   and their values are read from the TPU and written to it, for
-  checkpoints and `.keras` files (`engine_variables.py`).
+  checkpoints and `.keras` files (`engine_members.py`).
 
 On SparseCore TPUs (embedding_feature V2: v5p, v6e and later) the engine
-is a `sparsecore.SparseCoreEngine`, the same engine rules driving
-`TPUEmbeddingV2` (`lookup/sparsecore.py`). TPU hardware is consulted only
-through `placement/hardware.py`. No machine this package is developed on has a
-TPU: the tests run this path under `keras_tpu_embed.testing.emulated_tpu`
-(TF's own mid-level code, only the chip emulated), and it runs on real
-hardware only through `examples/tpu_smoke.py`.
+is a `SparseCoreEngine`, the same engine rules driving `TPUEmbeddingV2`
+(`engines/sparsecore/sparsecore_engine.py`). TPU hardware is consulted
+only through `placement/hardware.py`. No machine this package is
+developed on has a TPU: the tests run this path under
+`keras_tpu_embed.testing.emulated_tpu` (TF's own mid-level code, only
+the chip emulated), and it runs on real hardware only through
+`examples/tpu_smoke.py`.
 """
 
 from __future__ import annotations
@@ -46,16 +47,16 @@ from keras_tpu_embed.backends.table_backend import Activations
 from keras_tpu_embed.backends.table_backend import Phase
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.lookup import engine_checks
-from keras_tpu_embed.lookup import engine_host_ids
-from keras_tpu_embed.lookup.engine_step import EngineStep
-from keras_tpu_embed.lookup.engine_variables import EngineMember
-from keras_tpu_embed.lookup.engine_variables import EngineRows
-from keras_tpu_embed.lookup.engine_variables import EngineTableCheckpoint
+from keras_tpu_embed.engines import engine_checks
+from keras_tpu_embed.engines import engine_host_ids
+from keras_tpu_embed.engines.conversion import to_tpu_feature_configs
+from keras_tpu_embed.engines.engine_members import EngineMember
+from keras_tpu_embed.engines.engine_members import EngineRows
+from keras_tpu_embed.engines.engine_members import EngineTableCheckpoint
+from keras_tpu_embed.engines.engine_step import EngineStep
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.tables.quantization import QuantizedTable
 from keras_tpu_embed.tables.quantization import float_serving_table
-from keras_tpu_embed.tpu.conversion import to_tpu_feature_configs
 from keras_tpu_embed.types import Tensor
 
 KERAS_FILE_TABLE_LIMIT_BYTES = 2 * 2**30
@@ -219,7 +220,7 @@ class SharedEngine(EngineStep):
 
     def checkpoint_extras(self, tables: Sequence[str]) -> dict[str, Any]:
         """Other children a checkpoint of `tables` needs (SparseCore: the
-        values, `sparsecore.SparseCoreEngine`)."""
+        values, `sparsecore_engine.SparseCoreEngine`)."""
         return {}
 
     def _make_mid_level(self) -> Any:
