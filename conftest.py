@@ -67,7 +67,8 @@ def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     # Markers, not `item.keywords`: keywords also hold the names of the
-    # item's folders, and the package has a `tpu/` folder.
+    # item's folders, and a folder named `tpu` (the package had one) would
+    # skip every test in it.
     for item in items:
         slow = item.get_closest_marker("slow") is not None
         if not slow and item.path.name not in rank:

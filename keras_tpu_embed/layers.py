@@ -4,9 +4,9 @@ The layer is the Keras API and routes: at build it decides once where each
 table lives (`placement/device_plan.py`) and takes its backends from
 `backends/local_tables.py` (its own `LocalTables`) and
 `engines/engine_registry.py` (the TPU system's engine);
-at call it asks each backend for activations (`backends/table_backend.py`) and
-assembles the output (`preprocessing/layer_io.py`). The math is in `lookup/` and
-`optimizers/`.
+at call it asks each backend for activations (`backends/table_backend.py`)
+and assembles the output (`preprocessing/layer_io.py`). The math is in
+`lookups/`, `engines/` and `optimizers/`.
 """
 
 from __future__ import annotations

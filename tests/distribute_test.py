@@ -388,7 +388,7 @@ def test_no_engine_tpu_pads_by_columns_or_refuses_unknown_sparse(
 
 
 def test_global_steps_are_counted_only_where_no_batch_can_be_short():
-    from keras_tpu_embed.tpu.distribute import global_steps
+    from keras_tpu_embed.pipelines.distribute import global_steps
 
     examples = tf.data.Dataset.range(10)
     assert global_steps(examples, False, 4) == 2

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from keras_tpu_embed.export import export_records
+from keras_tpu_embed.saving import export_records
 
 
 def test_digests_name_an_edited_or_missing_file(tmp_path):

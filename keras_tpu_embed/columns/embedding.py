@@ -3,7 +3,7 @@
 `EmbeddingColumn` has a table of its own, `SharedEmbeddingColumn` shares one
 with other features. Frozen dataclasses, validated at construction with the
 `ValueError`s of `tf.compat.v1.tpu.experimental.embedding_column`; the
-factories that build them are in `embedding_columns.py`.
+factories that build them are in `embedding_factories.py`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ shows as many of them as the failed check has.
 
 Under `returned_checks()`, a lookup traced inside a larger program (the
 export's joined lookups, or a whole model under `jit_compile=True`,
-`export/`) hands its checks to the collector instead; the caller folds
+`serving/`) hands its checks to the collector instead; the caller folds
 every lookup's checks into one verdict at the end of its program and
 asserts it outside (`assert_clear`).
 

@@ -39,11 +39,6 @@ import numpy as np
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.export.serving_inputs import conform_rows
-from keras_tpu_embed.export.serving_inputs import ensure_one_batch
-from keras_tpu_embed.export.serving_inputs import ensure_shapes
-from keras_tpu_embed.export.serving_inputs import input_keys
-from keras_tpu_embed.export.serving_inputs import one_batch_in_program
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.lookups.returned_checks import Verdict
@@ -51,6 +46,11 @@ from keras_tpu_embed.lookups.returned_checks import assert_clear
 from keras_tpu_embed.lookups.returned_checks import messages_of
 from keras_tpu_embed.lookups.returned_checks import returned_checks
 from keras_tpu_embed.lookups.returned_checks import verdict
+from keras_tpu_embed.serving.serving_inputs import conform_rows
+from keras_tpu_embed.serving.serving_inputs import ensure_one_batch
+from keras_tpu_embed.serving.serving_inputs import ensure_shapes
+from keras_tpu_embed.serving.serving_inputs import input_keys
+from keras_tpu_embed.serving.serving_inputs import one_batch_in_program
 from keras_tpu_embed.types import Tensor
 
 

@@ -47,20 +47,20 @@ from typing import Callable
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_call_as_in_model
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.export.compiled_model import CheckedProgram
-from keras_tpu_embed.export.compiled_model import NotWhole
-from keras_tpu_embed.export.compiled_model import cut_at_lookups
-from keras_tpu_embed.export.serving_inputs import conform_rows
-from keras_tpu_embed.export.serving_inputs import ensure_one_batch
-from keras_tpu_embed.export.serving_inputs import ensure_shape_in_program
-from keras_tpu_embed.export.serving_inputs import ensure_shapes
-from keras_tpu_embed.export.serving_inputs import ensure_signature_shape
-from keras_tpu_embed.export.serving_inputs import input_keys
-from keras_tpu_embed.export.serving_inputs import one_batch_in_program
-from keras_tpu_embed.export.serving_inputs import shapes_of
 from keras_tpu_embed.lookups.fused_host import cut_rows
 from keras_tpu_embed.lookups.padded_host import bucket
 from keras_tpu_embed.placement.ids import PADDING_ID
+from keras_tpu_embed.serving.compiled_model import CheckedProgram
+from keras_tpu_embed.serving.compiled_model import NotWhole
+from keras_tpu_embed.serving.compiled_model import cut_at_lookups
+from keras_tpu_embed.serving.serving_inputs import conform_rows
+from keras_tpu_embed.serving.serving_inputs import ensure_one_batch
+from keras_tpu_embed.serving.serving_inputs import ensure_shape_in_program
+from keras_tpu_embed.serving.serving_inputs import ensure_shapes
+from keras_tpu_embed.serving.serving_inputs import ensure_signature_shape
+from keras_tpu_embed.serving.serving_inputs import input_keys
+from keras_tpu_embed.serving.serving_inputs import one_batch_in_program
+from keras_tpu_embed.serving.serving_inputs import shapes_of
 from keras_tpu_embed.types import Tensor
 
 

@@ -24,21 +24,6 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import nested_layers
 from keras_tpu_embed._compat import print_msg
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.export.column_preprocessor import preprocessor_from_columns
-from keras_tpu_embed.export.compiled_model import check_compiles
-from keras_tpu_embed.export.compiled_model import compiled_call
-from keras_tpu_embed.export.export_records import record_table_dtype
-from keras_tpu_embed.export.export_records import write_digests
-from keras_tpu_embed.export.export_records import write_export_info
-from keras_tpu_embed.export.joined_lookups import joined_call
-from keras_tpu_embed.export.serving_inputs import as_batch_matrix
-from keras_tpu_embed.export.serving_inputs import cross_padding
-from keras_tpu_embed.export.serving_inputs import drop_padding
-from keras_tpu_embed.export.serving_inputs import ensure_one_batch
-from keras_tpu_embed.export.serving_inputs import ensure_signature_shape
-from keras_tpu_embed.export.serving_inputs import model_input_signature
-from keras_tpu_embed.export.serving_inputs import model_inputs
-from keras_tpu_embed.export.serving_inputs import raw_signature
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.placement.devices import SUPPORTED_SERVING_DEVICES
 from keras_tpu_embed.placement.devices import LookupDevice
@@ -49,6 +34,23 @@ from keras_tpu_embed.preprocessing.feature_preprocessor import (
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     make_parse_example_spec,
 )
+from keras_tpu_embed.saving.export_records import record_table_dtype
+from keras_tpu_embed.saving.export_records import write_digests
+from keras_tpu_embed.saving.export_records import write_export_info
+from keras_tpu_embed.serving.column_preprocessor import (
+    preprocessor_from_columns,
+)
+from keras_tpu_embed.serving.compiled_model import check_compiles
+from keras_tpu_embed.serving.compiled_model import compiled_call
+from keras_tpu_embed.serving.joined_lookups import joined_call
+from keras_tpu_embed.serving.serving_inputs import as_batch_matrix
+from keras_tpu_embed.serving.serving_inputs import cross_padding
+from keras_tpu_embed.serving.serving_inputs import drop_padding
+from keras_tpu_embed.serving.serving_inputs import ensure_one_batch
+from keras_tpu_embed.serving.serving_inputs import ensure_signature_shape
+from keras_tpu_embed.serving.serving_inputs import model_input_signature
+from keras_tpu_embed.serving.serving_inputs import model_inputs
+from keras_tpu_embed.serving.serving_inputs import raw_signature
 from keras_tpu_embed.tables.quantization import check_table_dtype
 from keras_tpu_embed.tables.quantization import dequantize_rows
 from keras_tpu_embed.tables.quantization import quantize_rows
@@ -134,7 +136,7 @@ def export_saved_model(
     without a serving choice serve on the CPU. There, dense ids of declared
     widths (the `inputs="ids"` export of a functional model that calls
     each embedding layer once on its own inputs) are looked up by one
-    compiled XLA program for every layer (`export/joined_lookups.py`),
+    compiled XLA program for every layer (`serving/joined_lookups.py`),
     which XLA compiles once per batch size served, as Keras' `jit_compile`
     does: the first call at a new batch size waits for the compile (about
     0.2 s for the 4-feature model of `benchmarks/`), later ones do not.
@@ -173,7 +175,7 @@ def export_saved_model(
     the quantized tables are saved; the model's own stay float32.
 
     `jit_compile=True` compiles the model with XLA, every check kept
-    (`export/compiled_model.py`): the whole model, lookups included, as
+    (`serving/compiled_model.py`): the whole model, lookups included, as
     one program when every lookup serves dense ids of declared widths on
     the CPU (their checks are returned from the program and acted on
     outside it); otherwise every layer of a functional model after its

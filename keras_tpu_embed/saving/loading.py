@@ -4,7 +4,7 @@ A damaged file must never load as wrong values. Each loader checks what it
 can and turns TensorFlow's or Keras' low-level errors into one `ValueError`
 that names the file and says what is wrong with it. Checkpoints of tables
 are restored by `checkpoints.restore_tables`; what an export records for
-these checks is written and read in `export/export_records.py`.
+these checks is written and read in `saving/export_records.py`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from google.protobuf.message import DecodeError
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.export.export_records import damaged_file_error
-from keras_tpu_embed.export.export_records import loaded_table_dtype
-from keras_tpu_embed.export.export_records import verify_digests
+from keras_tpu_embed.saving.export_records import damaged_file_error
+from keras_tpu_embed.saving.export_records import loaded_table_dtype
+from keras_tpu_embed.saving.export_records import verify_digests
 
 # What TensorFlow raises on damaged files besides OpError: a truncated
 # data file gives IndexError ("Read less bytes than requested"), a

@@ -12,12 +12,12 @@ from typing import Any
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import nested_layers
-from keras_tpu_embed.export.serving_inputs import has_input_tensors
-from keras_tpu_embed.export.serving_inputs import model_input_specs
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     FeaturePreprocessor,
 )
+from keras_tpu_embed.serving.serving_inputs import has_input_tensors
+from keras_tpu_embed.serving.serving_inputs import model_input_specs
 
 
 def preprocessor_from_columns(model: keras.Model) -> FeaturePreprocessor | None:

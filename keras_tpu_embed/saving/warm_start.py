@@ -57,10 +57,10 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.columns import read_vocabulary_file
 from keras_tpu_embed.engines.v1.v1_engine import SharedEngine
-from keras_tpu_embed.export.checkpoint_rows import CheckpointRows
-from keras_tpu_embed.export.checkpoint_rows import vocabulary_positions
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
+from keras_tpu_embed.saving.checkpoint_rows import CheckpointRows
+from keras_tpu_embed.saving.checkpoint_rows import vocabulary_positions
 from keras_tpu_embed.tables.table_specs import TableSpec
 
 _OBJECT_SUFFIX = "/.ATTRIBUTES/VARIABLE_VALUE"

@@ -33,13 +33,13 @@ from keras_tpu_embed._tf_private import distributed_dataset_options
 from keras_tpu_embed._tf_private import set_distributed_dataset_cardinality
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.engines import engine_registry
-from keras_tpu_embed.tpu.host_ids import engine_id_filter
-from keras_tpu_embed.tpu.host_ids import keras_dense_ids
-from keras_tpu_embed.tpu.host_ids import tensor_core_padding
-from keras_tpu_embed.tpu.host_shares import batch_size_of
-from keras_tpu_embed.tpu.host_shares import host_slices
-from keras_tpu_embed.tpu.host_shares import pod_shape
-from keras_tpu_embed.tpu.host_shares import sharded_examples
+from keras_tpu_embed.pipelines.host_ids import engine_id_filter
+from keras_tpu_embed.pipelines.host_ids import keras_dense_ids
+from keras_tpu_embed.pipelines.host_ids import tensor_core_padding
+from keras_tpu_embed.pipelines.host_shares import batch_size_of
+from keras_tpu_embed.pipelines.host_shares import host_slices
+from keras_tpu_embed.pipelines.host_shares import pod_shape
+from keras_tpu_embed.pipelines.host_shares import sharded_examples
 
 DatasetOrFn = Any
 
