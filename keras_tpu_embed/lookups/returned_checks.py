@@ -35,6 +35,7 @@ only when every one handed its checks.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 from typing import Callable
@@ -200,7 +201,13 @@ class ReturnedChecks:
         return not self.refused and len(self.handed) == self.lookups
 
 
-_ACTIVE: list[ReturnedChecks] = []
+# The open collectors, innermost last, of this thread or task: an export
+# traced on another thread at the same time has its own (a module-level
+# list shared them, and removed a collector by equality, so that closing
+# one could close an equal one of another trace).
+_OPEN: contextvars.ContextVar[tuple[ReturnedChecks, ...]] = (
+    contextvars.ContextVar("keras_tpu_embed_returned_checks", default=())
+)
 
 
 @contextlib.contextmanager
@@ -215,16 +222,17 @@ def returned_checks() -> Iterator[ReturnedChecks]:
     ([], [], True)
     """
     checks = ReturnedChecks()
-    _ACTIVE.append(checks)
+    token = _OPEN.set(_OPEN.get() + (checks,))
     try:
         yield checks
     finally:
-        _ACTIVE.remove(checks)
+        _OPEN.reset(token)
 
 
 def active() -> ReturnedChecks | None:
     """The innermost collector, or None outside `returned_checks()`."""
-    return _ACTIVE[-1] if _ACTIVE else None
+    opened = _OPEN.get()
+    return opened[-1] if opened else None
 
 
 def note_lookup() -> None:
