@@ -12,7 +12,9 @@ from keras_tpu_embed.lookups import dense_xla
 from keras_tpu_embed.lookups import fused_host
 from keras_tpu_embed.lookups import padded_host
 from keras_tpu_embed.lookups import sparse
-from keras_tpu_embed.lookups.lookup_interfaces import TableLookup
+from keras_tpu_embed.lookups.lookup_interfaces import Lookup
+from keras_tpu_embed.lookups.lookup_interfaces import TrainableLookup
+from keras_tpu_embed.lookups.lookup_interfaces import trainable
 from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.tables.table_specs import group_into_tables
 
@@ -88,7 +90,12 @@ def test_each_lookup_answers_through_the_one_call_path(case):
     phase = _phase(tables, device, serving=serving)
     lookups = tables.lookups(features, phase)
     assert {type(lookup) for lookup in lookups} == {kind}
-    assert all(isinstance(lookup, TableLookup) for lookup in lookups)
+    assert all(isinstance(lookup, Lookup) for lookup in lookups)
+    # The training lookups are the ones that are not serving's.
+    assert all(
+        isinstance(lookup, TrainableLookup) is (not serving)
+        for lookup in lookups
+    )
     covered = [name for lookup in lookups for name in lookup.table_names]
     assert sorted(covered) == sorted(tables.table_names)
     got = tables.activations(features, phase).values
@@ -128,11 +135,13 @@ def test_serving_lookups_refuse_to_train_naming_the_columns(case):
     variables = {
         name: tables.table_variable(name).value for name in tables.table_names
     }
+    # A serving lookup has no training method: the type says it, and a
+    # training call that met one would refuse it by its columns' names.
+    assert not isinstance(lookup, TrainableLookup)
+    assert not hasattr(lookup, "training_rows")
     message = r"'user_embedding'.*serves only.*training=False"
+    specs = {t.name: t for t in tables.tables}
     with pytest.raises(RuntimeError, match=message):
-        lookup.training_rows(variables)
-    gradients = {"user": tf.ones([3, 3])}
-    with pytest.raises(RuntimeError, match=message):
-        lookup.update_arguments(gradients, updates_all_rows=False)
+        trainable([lookup], specs)
     with pytest.raises(RuntimeError, match=message):
         lookup.outputs(variables, {"user": tf.ones([3, 3])})

@@ -6,7 +6,7 @@ not touch them). Each call looks a table up on the device of the phase: the
 sparse lookup (`sparse.py`) or the dense XLA lookup (`dense_xla.py`); a
 serving trace on the host pads and compiles where it can (`padded_host.py`;
 all columns in one program when every column's ids are dense,
-`fused_host.py`). Every lookup is a `lookup_interfaces.TableLookup`, called
+`fused_host.py`). Every lookup is a `lookup_interfaces.Lookup`, called
 the same way; each reads quantized copies of the tables if the export asks
 (`serving_tables`, `tables/quantization.py`). In a training call the
 gathered rows pass through the gradient trap (`gradient_trap.py`), whose
@@ -35,8 +35,10 @@ from keras_tpu_embed.lookups import dense_xla
 from keras_tpu_embed.lookups import fused_host
 from keras_tpu_embed.lookups import padded_host
 from keras_tpu_embed.lookups import sparse
-from keras_tpu_embed.lookups.lookup_interfaces import TableLookup
+from keras_tpu_embed.lookups.lookup_interfaces import Lookup
 from keras_tpu_embed.lookups.lookup_interfaces import TableValues
+from keras_tpu_embed.lookups.lookup_interfaces import TrainableLookup
+from keras_tpu_embed.lookups.lookup_interfaces import trainable
 from keras_tpu_embed.optimizers import apply_update
 from keras_tpu_embed.optimizers.row_update import refuse_non_finite
 from keras_tpu_embed.placement.devices import LookupDevice
@@ -185,14 +187,15 @@ class LocalTables:
         }
         trapped: dict[str, Tensor] | None = None
         if phase.training and lookups:
+            training = trainable(lookups, {t.name: t for t in self.tables})
             rows: dict[str, Tensor] = {}
-            for lookup in lookups:
-                rows.update(lookup.training_rows(variables))
+            for trained in training:
+                rows.update(trained.training_rows(variables))
             names = list(rows)
 
             def apply_gradients(gradients: list[Tensor]) -> Tensor:
                 return self._apply_gradients(
-                    lookups, dict(zip(names, gradients))
+                    training, dict(zip(names, gradients))
                 )
 
             trapped = dict(
@@ -216,7 +219,7 @@ class LocalTables:
 
     def lookups(
         self, features: dict[str, Tensor], phase: Phase
-    ) -> list[TableLookup]:
+    ) -> list[Lookup]:
         """The lookups of one call, covering every table once, in order.
 
         Serving on the host with every column's ids dense takes one
@@ -246,7 +249,7 @@ class LocalTables:
         features: dict[str, Tensor],
         device: LookupDevice,
         phase: Phase,
-    ) -> TableLookup:
+    ) -> Lookup:
         if device is LookupDevice.TPU_TENSOR_CORE:
             return dense_xla.DenseTableLookup(
                 table, features, self.return_sequence_lengths
@@ -262,7 +265,7 @@ class LocalTables:
         )
 
     def _apply_gradients(
-        self, lookups: list[TableLookup], gradients: dict[str, Tensor]
+        self, lookups: list[TrainableLookup], gradients: dict[str, Tensor]
     ) -> Tensor:
         """Every table's update, then the step count; returns a number
         computed after all of them (the trap's data dependency)."""

@@ -197,7 +197,7 @@ class DenseTableLookup:
     a range check, one gather for all of the table's columns, and the
     combiner. In training the gathered rows go through the gradient trap and
     `update_arguments` deduplicates their gradients with static shapes. A
-    `lookup_interfaces.TableLookup`.
+    `lookup_interfaces.TrainableLookup`.
     """
 
     def __init__(

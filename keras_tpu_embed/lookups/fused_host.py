@@ -37,7 +37,7 @@ with, and the checks go to the caller.
 
 Sequence lengths (`return_sequence_lengths`) and ragged or sparse ids keep
 the per-column path (`applies` says which calls are fused).
-`FusedHostLookup` is this lookup as a `lookup_interfaces.TableLookup`.
+`FusedHostLookup` is this lookup as a `lookup_interfaces.Lookup`.
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.lookups import dense_xla
 from keras_tpu_embed.lookups import returned_checks
-from keras_tpu_embed.lookups.lookup_interfaces import AcrossReplicas
-from keras_tpu_embed.lookups.lookup_interfaces import ScratchVariable
 from keras_tpu_embed.lookups.lookup_interfaces import TableValues
 from keras_tpu_embed.lookups.lookup_interfaces import refuse_training
 from keras_tpu_embed.lookups.padded_host import PADDING_LIMIT
@@ -100,8 +98,8 @@ class FusedHostLookup:
     """Every table's `cpu` serving lookup for one call, in one program
     (see module doc); for calls `applies` accepts.
 
-    A `lookup_interfaces.TableLookup` that serves only: asked to train, it
-    raises `RuntimeError`. The one program is always XLA-compiled (that is
+    A `lookup_interfaces.Lookup` that serves only (no training method).
+    The one program is always XLA-compiled (that is
     what it is for); `compiled` applies to the per-column path that a wide,
     mostly padded batch takes.
     """
@@ -117,22 +115,6 @@ class FusedHostLookup:
     @property
     def table_names(self) -> list[str]:
         return [table.name for table in self.tables]
-
-    def training_rows(
-        self, variables: Mapping[str, TableValues]
-    ) -> dict[str, Tensor]:
-        """Refused: serving only."""
-        refuse_training(self.tables, "fused host serving")
-
-    def update_arguments(
-        self,
-        gradients: Mapping[str, Tensor],
-        updates_all_rows: bool,
-        across_replicas: AcrossReplicas | None = None,
-        scratch: Mapping[str, ScratchVariable] | None = None,
-    ) -> dict[str, dict[str, Any]]:
-        """Refused: serving only."""
-        refuse_training(self.tables, "fused host serving")
 
     def outputs(
         self,

@@ -2,12 +2,13 @@
 
 A lookup answers one call for some of a layer's tables: the sparse lookup
 (`sparse.py`) and the dense XLA lookup (`dense_xla.py`) for one table each,
-in training and out of it; the host's serving lookups, per table
-(`padded_host.py`) or for every table at once (`fused_host.py`), in
-serving only. Every method takes and returns its tables' values by table
-name, so `LocalTables` calls each lookup the same way, whichever tables it
-covers. A lookup that cannot do what a method asks (a serving lookup asked
-to train) raises `RuntimeError` naming its columns; none ignores a call.
+in training and out of it (`TrainableLookup`); the host's serving
+lookups, per table (`padded_host.py`) or for every table at once
+(`fused_host.py`), in serving only (`Lookup`: they have no training
+method to refuse). Every method takes and returns its tables' values by
+table name, so `LocalTables` calls each lookup the same way, whichever
+tables it covers; a training call's lookups pass `trainable` first, which
+refuses a serving lookup by its columns' names.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ type stubs, so any `tf` type is `Any` to mypy)."""
 
 
 @runtime_checkable
-class TableLookup(Protocol):
+class Lookup(Protocol):
     """One call's lookup of some of a layer's tables.
 
     Attributes:
@@ -52,17 +53,6 @@ class TableLookup(Protocol):
         """The tables this lookup reads, in the layer's order."""
         ...
 
-    def training_rows(
-        self, variables: Mapping[str, TableValues]
-    ) -> dict[str, Tensor]:
-        """Per table, the rows the batch reads, to pass through the
-        gradient trap (`gradient_trap.py`).
-
-        Args:
-            variables: Per table name, its values (at least this lookup's).
-        """
-        ...
-
     def outputs(
         self,
         variables: Mapping[str, TableValues],
@@ -74,9 +64,27 @@ class TableLookup(Protocol):
         Args:
             variables: Per table name, its values (at least this lookup's).
             trapped_rows: In training, per table, its `training_rows` after
-                the trap; `None` outside training.
+                the trap; `None` outside training (a lookup that only
+                serves refuses any).
             compiled: Whether the lookup should run as XLA computations
                 where it can (serving exports ask for it).
+        """
+        ...
+
+
+@runtime_checkable
+class TrainableLookup(Lookup, Protocol):
+    """A lookup that also trains its tables: its rows go through the
+    gradient trap, and their gradients become its tables' updates."""
+
+    def training_rows(
+        self, variables: Mapping[str, TableValues]
+    ) -> dict[str, Tensor]:
+        """Per table, the rows the batch reads, to pass through the
+        gradient trap (`gradient_trap.py`).
+
+        Args:
+            variables: Per table name, its values (at least this lookup's).
         """
         ...
 
@@ -100,6 +108,29 @@ class TableLookup(Protocol):
                 one dedupe without it.
         """
         ...
+
+
+def trainable(
+    lookups: Sequence[Lookup], tables: Mapping[str, TableSpec]
+) -> list[TrainableLookup]:
+    """The lookups of a training call, every one able to train.
+
+    Args:
+        lookups: The call's lookups.
+        tables: Per table name, its spec (to name a refused one's columns).
+
+    Raises:
+        RuntimeError: A lookup only serves; names its columns.
+    """
+    able: list[TrainableLookup] = []
+    for lookup in lookups:
+        if not isinstance(lookup, TrainableLookup):
+            refuse_training(
+                [tables[name] for name in lookup.table_names],
+                type(lookup).__name__,
+            )
+        able.append(lookup)
+    return able
 
 
 def refuse_training(tables: Sequence[TableSpec], lookup: str) -> NoReturn:

@@ -32,8 +32,6 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.lookups import dense_xla
 from keras_tpu_embed.lookups import sparse
-from keras_tpu_embed.lookups.lookup_interfaces import AcrossReplicas
-from keras_tpu_embed.lookups.lookup_interfaces import ScratchVariable
 from keras_tpu_embed.lookups.lookup_interfaces import TableValues
 from keras_tpu_embed.lookups.lookup_interfaces import refuse_training
 from keras_tpu_embed.placement.ids import PADDING_ID
@@ -78,8 +76,7 @@ def bucket(size: Tensor) -> Tensor:
 class PaddedHostLookup:
     """One table's `cpu` serving lookup for one call (see module doc).
 
-    A `lookup_interfaces.TableLookup` that serves only: asked to train, it
-    raises `RuntimeError`.
+    A `lookup_interfaces.Lookup` that serves only (no training method).
     """
 
     def __init__(
@@ -98,22 +95,6 @@ class PaddedHostLookup:
     @property
     def table_names(self) -> list[str]:
         return [self.table.name]
-
-    def training_rows(
-        self, variables: Mapping[str, TableValues]
-    ) -> dict[str, Tensor]:
-        """Refused: serving only."""
-        refuse_training([self.table], "host serving")
-
-    def update_arguments(
-        self,
-        gradients: Mapping[str, Tensor],
-        updates_all_rows: bool,
-        across_replicas: AcrossReplicas | None = None,
-        scratch: Mapping[str, ScratchVariable] | None = None,
-    ) -> dict[str, dict[str, Any]]:
-        """Refused: serving only."""
-        refuse_training([self.table], "host serving")
 
     def outputs(
         self,

@@ -232,8 +232,8 @@ def read_batches(
 class SparseTableLookup:
     """One table's host lookup for one call: validate, gather, combine.
 
-    A `lookup_interfaces.TableLookup`. Training gathers each distinct row once
-    (`training_rows`); those rows pass through the gradient trap, and
+    A `lookup_interfaces.TrainableLookup`. Training gathers each distinct
+    row once (`training_rows`); those rows pass through the gradient trap, and
     `update_arguments` turns their gradient into the optimizer's inputs.
     """
 
