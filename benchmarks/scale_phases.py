@@ -495,7 +495,7 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
             for index, table in enumerate(table_names(model))
         }
     ).write(os.path.join(directory, "legacy"))
-    from keras_tpu_embed.engines.v1.v1_engine import (
+    from keras_tpu_embed.engines.engine import (
         KERAS_FILE_TABLE_LIMIT_BYTES,
     )
 

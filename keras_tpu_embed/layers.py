@@ -28,12 +28,12 @@ from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.config import as_config
+from keras_tpu_embed.engines.engine import Engine
+from keras_tpu_embed.engines.engine import EngineTables
 from keras_tpu_embed.engines.engine_registry import engine_for
 from keras_tpu_embed.engines.sparsecore.sparsecore_buffers import (
     check_declared_columns,
 )
-from keras_tpu_embed.engines.v1.v1_engine import EngineTables
-from keras_tpu_embed.engines.v1.v1_engine import SharedEngine
 from keras_tpu_embed.layer_config import layer_arguments
 from keras_tpu_embed.layer_config import layer_config
 from keras_tpu_embed.lookups import returned_checks
@@ -363,7 +363,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return list(self._local.tables)
 
     @property
-    def engine(self) -> SharedEngine | None:
+    def engine(self) -> Engine | None:
         """The shared TPU embedding engine, when the layer is built on one."""
         if self._engine_tables is None:
             return None

@@ -10,7 +10,7 @@ from keras_tpu_embed.engines import engine_registry
 from keras_tpu_embed.engines.sparsecore.sparsecore_engine import (
     SparseCoreEngine,
 )
-from keras_tpu_embed.engines.v1.v1_engine import SharedEngine
+from keras_tpu_embed.engines.v1.v1_engine import V1Engine
 from keras_tpu_embed.placement.hardware import EmbeddingHardware
 
 PACKAGE = pathlib.Path(keras_tpu_embed.__file__).parent
@@ -86,7 +86,7 @@ def test_the_hardware_picks_the_engine():
     v2 = engine_registry.engine_for(
         tf.distribute.OneDeviceStrategy("/cpu:0"), EmbeddingHardware.V2
     )
-    assert type(v1) is SharedEngine
+    assert type(v1) is V1Engine
     assert type(v2) is SparseCoreEngine
 
 
@@ -102,3 +102,8 @@ def test_the_engine_falls_back_to_its_strategys_one_dataset_batch():
         tf.distribute.OneDeviceStrategy("/cpu:0"), EmbeddingHardware.V1
     )
     assert other.dataset_batch() is None
+
+
+def test_every_hardware_with_an_engine_has_one_registered():
+    with_engine = {h for h in EmbeddingHardware if h.has_engine}
+    assert set(engine_registry.ENGINES) == with_engine

@@ -11,7 +11,7 @@ import tensorflow as tf
 import keras_tpu_embed as kte
 from keras_tpu_embed.backends import table_backend
 from keras_tpu_embed.backends.local_tables import LocalTables
-from keras_tpu_embed.engines.v1.v1_engine import EngineTables
+from keras_tpu_embed.engines.engine import EngineTables
 from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.tables.table_specs import group_into_tables
 from tests import testing

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.engines.v1.v1_engine import SharedEngine
+from keras_tpu_embed.engines.v1.v1_engine import V1Engine
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from tests.engine_models import N
 from tests.engine_models import engine_columns
@@ -76,7 +76,7 @@ def _register(engine, columns, config=None, **kwargs):
 
 def test_the_engine_refuses_to_return_sequence_lengths():
     _, shared = engine_columns()
-    engine = SharedEngine(tpu_hardware.EmbeddingHardware.V1)
+    engine = V1Engine(tpu_hardware.EmbeddingHardware.V1)
     with pytest.raises(
         ValueError,
         match=r"^SharedTPUEmbedding 'shared': the TPU embedding engine "
@@ -110,7 +110,7 @@ def test_the_engine_serves_the_users_own_feature_configs():
     columns, _ = engine_columns()
     config = kte.EmbeddingConfig(feature_to_config_dict={"their_feature": raw})
     tables = _register(
-        SharedEngine(tpu_hardware.EmbeddingHardware.V1),
+        V1Engine(tpu_hardware.EmbeddingHardware.V1),
         columns,
         config,
         return_sequence_lengths=False,

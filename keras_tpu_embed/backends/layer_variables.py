@@ -36,7 +36,7 @@ class EmbeddingLayerState(Protocol):
 
 class EngineFileTables(Protocol):
     """The layer's tables on the TPU embedding engine, in a `.keras` file
-    (`engines/v1/v1_engine.py`'s `EngineTables`)."""
+    (`engines/engine.py`'s `EngineTables`)."""
 
     def file_values(self) -> Iterator[tuple[str, Any]]:
         """File key -> the table or slot as it is on the TPU now, one at a

@@ -1,7 +1,7 @@
 """The engine's members and tables: shapes, host shards, checkpoints.
 
 `EngineVariables` is the base of the TPU embedding engine
-(`v1_engine.SharedEngine`): the layers registered with it
+(`v1_engine.V1Engine`): the layers registered with it
 (`EngineMember`), the `FeatureConfig`s they brought, the mid-level object
 made from them, and the tables and slots that object holds. Their names
 and shapes are known from the configs before TF creates the tables (at
@@ -447,41 +447,6 @@ class EngineVariables:
         self._pending = {}
         mid_level_load_variables(self._mid_level)
         self._synced_steps = self._steps_now()
-
-
-class EngineRows:
-    """One engine table or slot, read a block of rows at a time from the
-    host shards that hold them (a `quantization.RowSource`).
-
-    Made after the host copies are refreshed from the chip; each block is
-    gathered on its shard's host and only the block comes to this process.
-    """
-
-    def __init__(self, engine: EngineVariables, table: str, slot: str) -> None:
-        engine.sync_host_copies()
-        self._engine = engine
-        self._table = table
-        self._slot = slot
-        rows, dim = engine.table_slots(table)[slot]
-        self.shape = (rows, dim)
-
-    def read_rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows `[start, stop)` as float32."""
-        pieces = []
-        for shard in self._engine.shards_of(self._table):
-            first = max(start, shard.start)
-            last = min(stop, shard.start + shard.rows)
-            if first >= last:
-                continue
-            block = self._engine.read_shard_rows(
-                self._table,
-                self._slot,
-                shard,
-                first - shard.start,
-                last - shard.start,
-            )
-            pieces.append(block.numpy())
-        return np.concatenate(pieces).astype(np.float32, copy=False)
 
 
 class _ShardSaveable(TFSaveableObject):  # type: ignore[misc]

@@ -56,7 +56,7 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns import SharedEmbeddingColumn
 from keras_tpu_embed.columns import read_vocabulary_file
-from keras_tpu_embed.engines.v1.v1_engine import SharedEngine
+from keras_tpu_embed.engines.engine import Engine
 from keras_tpu_embed.layers import TPUEmbeddingLayer
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.saving.checkpoint_rows import CheckpointRows
@@ -245,7 +245,7 @@ class _Load:
     rows: CheckpointRows
     keeps_rows: bool  # a remap: rows the checkpoint lacks keep their values
     variable: Any = None  # a table or slot the layer holds
-    engine: SharedEngine | None = None  # or the engine that holds it
+    engine: Engine | None = None  # or the engine that holds it
 
 
 class _EngineRows:
@@ -258,7 +258,7 @@ class _EngineRows:
     values (its initial values before its first step).
     """
 
-    def __init__(self, load: _Load, engine: SharedEngine) -> None:
+    def __init__(self, load: _Load, engine: Engine) -> None:
         self._load = load
         self._engine = engine
         self.shape = load.rows.shape
@@ -305,9 +305,7 @@ def _write_variable(variable: Any, rows: CheckpointRows) -> None:
             )
 
 
-def _write_engine(
-    engine: SharedEngine, loads: list[_Load], done: list[str]
-) -> None:
+def _write_engine(engine: Engine, loads: list[_Load], done: list[str]) -> None:
     """Writes one engine's tables and slots, a table at a time (each host
     shard on its host), then loads them onto the chip once; also when a
     read fails part way, so the chip holds what the host copies hold."""
@@ -623,7 +621,7 @@ def _write(plan: list[_Load], checkpoint: str) -> None:
             the tables and slots already loaded.
     """
     done: list[str] = []
-    engines: dict[int, tuple[SharedEngine, list[_Load]]] = {}
+    engines: dict[int, tuple[Engine, list[_Load]]] = {}
     current = ""
     try:
         for load in plan:

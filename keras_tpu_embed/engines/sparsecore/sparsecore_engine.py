@@ -40,7 +40,7 @@ from keras_tpu_embed.engines.conversion import to_tpu_feature_configs
 from keras_tpu_embed.engines.engine_host_ids import HostIdRule
 from keras_tpu_embed.engines.engine_members import HostShard
 from keras_tpu_embed.engines.sparsecore import sparsecore_buffers
-from keras_tpu_embed.engines.v1.v1_engine import SharedEngine
+from keras_tpu_embed.engines.v1.v1_engine import V1Engine
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.tables.initialization import EngineInitializer
 from keras_tpu_embed.tables.sparsecore_checkpoint import SPARSE_CORE
@@ -327,8 +327,8 @@ def _check_samples_divide(
         )
 
 
-class SparseCoreEngine(SharedEngine):
-    """The engine rules of `SharedEngine`, driving `TPUEmbeddingV2`.
+class SparseCoreEngine(V1Engine):
+    """The engine rules of `V1Engine`, driving `TPUEmbeddingV2`.
 
     One per strategy, every layer receiving every engine feature, one
     lookup per step inside the gradient trap, exactly as on V1. What
