@@ -7,8 +7,9 @@ sparse lookup (`sparse.py`) or the dense XLA lookup (`dense_xla.py`); a
 serving trace on the host pads and compiles where it can (`padded_host.py`;
 all columns in one program when every column's ids are dense,
 `fused_host.py`). Every lookup is a `lookup_interfaces.Lookup`, called
-the same way; each reads quantized copies of the tables if the export asks
-(`serving_tables`, `tables/quantization.py`). In a training call the
+the same way; in a serving call each reads the copies the export made
+(`phase.serving_copies`: quantized, `tables/quantization.py`, or of the
+engine's tables; `serving_tables.py`). In a training call the
 gathered rows pass through the gradient trap (`gradient_trap.py`), whose
 backward pass applies the embedding optimizer's step to the touched rows
 (`backends/embedding_step.py` for the config's rules,
@@ -43,7 +44,6 @@ from keras_tpu_embed.optimizers import apply_update
 from keras_tpu_embed.optimizers.row_update import refuse_non_finite
 from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.tables import initialization
-from keras_tpu_embed.tables.quantization import QuantizedTable
 from keras_tpu_embed.tables.sparsecore_checkpoint import TableContainer
 from keras_tpu_embed.tables.table_specs import TableSpec
 from keras_tpu_embed.types import Tensor
@@ -73,10 +73,6 @@ class LocalTables:
         self._step: Any = None
         self._trigger: Any = None
         self._counts_step = True
-        # Set by the layer's `serving_lookups(table_dtype=...)` while an
-        # export traces: copies served instead of the tables (quantized, or
-        # of tables the TPU engine holds).
-        self.serving_tables: dict[str, QuantizedTable | tf.Variable] = {}
 
     def create_variables(
         self,
@@ -179,8 +175,8 @@ class LocalTables:
         lookups = self.lookups(features, phase)
         variables: dict[str, TableValues] = {
             t.name: (
-                self.serving_tables[t.name]
-                if phase.serving and t.name in self.serving_tables
+                phase.serving_copies[t.name]
+                if t.name in phase.serving_copies
                 else self._variables[t.name].value
             )
             for t in self.tables

@@ -10,6 +10,7 @@ call; the layer merges their answers and never looks inside.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 from typing import Mapping
 from typing import Protocol
 
@@ -26,11 +27,14 @@ class Phase:
             the backward pass.
         serving: A serving export is being traced.
         devices: Per table name, the device of this phase (local tables).
+        serving_copies: In a serving call, per table name, what is read
+            instead of the table (`serving_tables.ServingTables.copies`).
     """
 
     training: bool
     serving: bool
     devices: Mapping[str, LookupDevice]
+    serving_copies: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
