@@ -1,9 +1,10 @@
 """The `cpu` serving lookup of all of a layer's dense-id columns at once.
 
 Per column, `padded_host.py` launches one XLA program and, around it, host
-ops for the checks and the padded/sparse choice: with 26 one-id columns
-(the Criteo-shaped W4 of `benchmarks/`) a batch-1 call ran some 2,000 TF
-ops and 26 programs, where the fastest peer ran one program. Here, when
+ops for the checks and the padded/sparse choice: with many one-id columns
+(26 in the Criteo-shaped W4 of `benchmarks/`) a small batch would pay for
+thousands of TF ops and a program per column, where the fastest peer runs
+one program. Here, when
 every column of the call reads dense ids (the `inputs="ids"` export's
 `[batch, n]` matrices padded with -1), all of them go through one compiled
 program:

@@ -1,10 +1,9 @@
 """The default export's lookups: every embedding layer's in one program.
 
 Without `jit_compile`, a served call of a model with several embedding
-layers ran one XLA program per layer, each with its own host ops to pad
-the batch to a power of two and cut it back, and its own branch on its
-checks. In the W1 workload of `benchmarks/` that was 2 programs and 9
-executor steps at batch 1, where the fastest peer runs one program.
+layers would run one XLA program per layer, each with its own host ops to
+pad the batch to a power of two and cut it back, and its own branch on its
+checks, where the fastest peer runs one program for the whole call.
 
 Here, when every embedding layer of a functional model is called once,
 by the model itself, on the model's own inputs, and every lookup is the
