@@ -58,3 +58,16 @@ def test_engine_tables_reach_the_engine_only_through_the_protocol():
 def test_an_engine_is_not_a_cpu_placement():
     assert not EmbeddingHardware.NONE.has_engine
     assert EmbeddingHardware.NONE not in engine_registry.ENGINES
+
+
+def test_the_engines_are_siblings():
+    """A new TPU generation is an engine of its own behind `Engine`, not a
+    subclass of another generation's: what they share is `EngineStep`."""
+    from keras_tpu_embed.engines.engine_step import EngineStep
+
+    v1, sparse_core = (
+        engine_registry.ENGINES[EmbeddingHardware.V1],
+        engine_registry.ENGINES[EmbeddingHardware.V2],
+    )
+    assert not issubclass(sparse_core, v1) and not issubclass(v1, sparse_core)
+    assert issubclass(v1, EngineStep) and issubclass(sparse_core, EngineStep)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.engines.engine_members import EngineTableCheckpoint
+from keras_tpu_embed.engines.v1.v1_variables import EngineTableCheckpoint
 from keras_tpu_embed.layers_in_model import embedding_layers
 from keras_tpu_embed.saving.export_records import damaged_file_error
 from keras_tpu_embed.saving.loading import LOAD_ERRORS

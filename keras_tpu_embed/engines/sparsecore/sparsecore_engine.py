@@ -18,9 +18,10 @@ string: `sum`, `mean` and `sqrtn` are TF's built-in three.
 `refuse_what_sparse_core_cannot_honour` says each of these at build, by
 column, with what to do instead: a table trained without a clip it was
 given would answer differently from the same model on CPU.
-`SparseCoreEngine` is the engine of `v1_engine.py` (one per strategy,
-every layer receiving every engine feature, the gradient trap) driving
-`TPUEmbeddingV2`; `engine_registry.engine_for` routes V2 strategies to it.
+`SparseCoreEngine` follows the engine rules both engines share
+(`engine_step.py`: one per strategy, every layer receiving every engine
+feature, the gradient trap) with tables of its own, driving
+`TPUEmbeddingV2`; `engine_registry.ENGINES` names it for V2 hardware.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.engines.conversion import to_tpu_feature_configs
 from keras_tpu_embed.engines.engine_host_ids import HostIdRule
 from keras_tpu_embed.engines.engine_members import HostShard
+from keras_tpu_embed.engines.engine_step import EngineStep
 from keras_tpu_embed.engines.sparsecore import sparsecore_buffers
-from keras_tpu_embed.engines.v1.v1_engine import V1Engine
 from keras_tpu_embed.placement import hardware as tpu_hardware
 from keras_tpu_embed.tables.initialization import EngineInitializer
 from keras_tpu_embed.tables.sparsecore_checkpoint import SPARSE_CORE
@@ -327,8 +328,8 @@ def _check_samples_divide(
         )
 
 
-class SparseCoreEngine(V1Engine):
-    """The engine rules of `V1Engine`, driving `TPUEmbeddingV2`.
+class SparseCoreEngine(EngineStep):
+    """The engine rules V1 has (`EngineStep`), driving `TPUEmbeddingV2`.
 
     One per strategy, every layer receiving every engine feature, one
     lookup per step inside the gradient trap, exactly as on V1. What

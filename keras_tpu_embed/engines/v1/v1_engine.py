@@ -41,143 +41,20 @@ from typing import Sequence
 
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.engines import engine_checks
 from keras_tpu_embed.engines import engine_host_ids
-from keras_tpu_embed.engines.conversion import to_tpu_feature_configs
-from keras_tpu_embed.engines.engine import EngineTables
-from keras_tpu_embed.engines.engine_members import EngineMember
-from keras_tpu_embed.engines.engine_members import EngineTableCheckpoint
 from keras_tpu_embed.engines.engine_step import EngineStep
+from keras_tpu_embed.engines.v1.v1_variables import EngineTableCheckpoint
+from keras_tpu_embed.engines.v1.v1_variables import V1HostShards
 from keras_tpu_embed.placement import hardware as tpu_hardware
 
 
-class V1Engine(EngineStep):
+class V1Engine(V1HostShards, EngineStep):
     """The one mid-level object of a TPU system and the layers it serves.
 
-    Its members and tables are `EngineVariables`, its steps `EngineStep`;
-    here, the layers join it.
+    Its members are `EngineVariables`, its tables `TPUEmbedding`'s host
+    shards (`V1HostShards`), its steps and registration `EngineStep`; here,
+    what only `TPUEmbedding` does: its mid-level object and checkpoints.
     """
-
-    def register(
-        self,
-        layer_name: str,
-        columns: Sequence[AnyEmbeddingColumn],
-        input_keys: frozenset[str] | None,
-        *,
-        config: EmbeddingConfig,
-        step: Any,
-        trigger: Any,
-        counts_step: bool,
-        return_sequence_lengths: bool,
-        layer_description: str,
-    ) -> EngineTables:
-        """Adds a layer's embedding-core columns to the engine.
-
-        Args:
-            layer_name: The layer's name, for errors.
-            columns: The layer's columns on the engine.
-            input_keys: The feature keys the layer is called with, when
-                known at build (checked: every layer must get every engine
-                feature).
-            config: The layer's `EmbeddingConfig`.
-            step: The layer's `embedding_step` variable.
-            trigger: The layer's scalar trap variable.
-            counts_step: Whether the engine counts the layer's step (not
-                when the layer's local tables count it).
-            return_sequence_lengths: Whether the layer returns sequence
-                lengths, which the engine cannot give.
-            layer_description: The layer's kind and name, for errors.
-
-        Returns:
-            The layer's backend on the engine.
-
-        Raises:
-            RuntimeError: the engine already ran a step (its mid-level object
-                is final), so this layer would need a second engine.
-            ValueError: the layer cannot share the engine with the layers
-                already registered, or asks for what the engine cannot do;
-                the message says how to fix the model.
-        """
-        if return_sequence_lengths:
-            engine_checks.check_no_sequence_lengths(layer_description, columns)
-        self._refuse_what_it_cannot_honour(layer_name, columns, config, step)
-        if self._step_count:
-            raise RuntimeError(
-                f"Layer '{layer_name}' is built after the "
-                "TPU embedding engine of this TPUStrategy ran its first step "
-                f"(for the layers {self.layer_names}), or tried to: a first "
-                "step that raised counts too. A TPU system has one "
-                "embedding engine, fed once per step: build every embedding "
-                "layer of the model before training, and train one model "
-                "with embedding layers per TPUStrategy (after a failed first "
-                "step, build the fixed model under a new TPUStrategy)."
-            )
-        if (
-            self._pipeline is not None
-            and self._pipeline != config.pipeline_execution_with_tensor_core
-        ):
-            raise ValueError(
-                "The embedding layers of one model share one TPU embedding "
-                "engine, so they must agree on "
-                "`pipeline_execution_with_tensor_core`: layers "
-                f"{self.layer_names} use {self._pipeline}, "
-                f"'{layer_name}' uses "
-                f"{config.pipeline_execution_with_tensor_core}. Give them the "
-                "same EmbeddingConfig."
-            )
-        features = to_tpu_feature_configs(columns, config, step=step.value)
-        for name, feature in features.items():
-            if name in self._feature_configs:
-                raise ValueError(
-                    f"Feature '{name}' of layer '{layer_name}' is already "
-                    "served by the TPU embedding engine for another layer "
-                    f"({self.layer_names}); each column may be in one layer."
-                )
-            owner = self._table_owner.get(feature.table.name)
-            if owner is not None and owner != layer_name:
-                raise ValueError(
-                    f"Table '{feature.table.name}' is used by layers "
-                    f"'{owner}' and '{layer_name}'. The TPU embedding engine "
-                    "needs each table in one layer: put all columns of a "
-                    "shared table in one SharedTPUEmbedding."
-                )
-        sources: dict[str, tuple[str, str | None]] = {}
-        for column in columns:
-            sources[column.name] = (
-                column.feature_key,
-                column.weight_feature_key or None,
-            )
-        for name in config.feature_to_config_dict or {}:
-            sources[name] = (name, None)
-        member = EngineMember(
-            name=layer_name,
-            input_keys=input_keys,
-            features=sources,
-            sequence=frozenset(
-                name
-                for name, feature in features.items()
-                if feature.max_sequence_length > 0
-            ),
-            config=config,
-            step=step,
-            trigger=trigger,
-            counts_step=counts_step,
-        )
-        engine_checks.check_every_layer_gets_every_feature(
-            self._members + [member]
-        )
-        self._members.append(member)
-        self._feature_configs.update(features)
-        self._host_rules.update(engine_host_ids.host_id_rules(columns))
-        for feature in features.values():
-            self._table_owner[feature.table.name] = layer_name
-        self._pipeline = config.pipeline_execution_with_tensor_core
-        self._optimizer = config.optimizer.to_tpu()
-        self._mid_level = self._make_mid_level()
-        column_tables = [features[column.name].table.name for column in columns]
-        return EngineTables(
-            self, member, list(dict.fromkeys(column_tables)), layer_description
-        )
 
     def _refuse_what_it_cannot_honour(
         self,
