@@ -44,9 +44,9 @@ SLOW_FILES = (
     "examples_test.py",  # 24
     "demo_test.py",  # 24
     "dense_xla_test.py",  # 20
-    "embedding_core_test.py",  # 16 (with the two below, before the split)
+    "v1_engine_test.py",  # 16 (with the two below, before the split)
     "engine_step_test.py",
-    "engine_variables_test.py",
+    "engine_members_test.py",
     "loading_test.py",  # 13
 )
 
@@ -67,7 +67,8 @@ def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
     # Markers, not `item.keywords`: keywords also hold the names of the
-    # item's folders, and the package has a `tpu/` folder.
+    # item's folders, and a folder named `tpu` (the package had one) would
+    # skip every test in it.
     for item in items:
         slow = item.get_closest_marker("slow") is not None
         if not slow and item.path.name not in rank:

@@ -56,7 +56,7 @@ _LINE_BYTES = 64
 
 def quantize(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise uint8 codes and float32 `[rows, 2]` scale/offset, the scheme
-    of `keras_tpu_embed.export.quantization` (offset = row min, 255 levels)."""
+    of `keras_tpu_embed.tables.quantization` (offset = row min, 255 levels)."""
     low = table.min(axis=1)
     scale = (table.max(axis=1) - low) / 255.0
     safe = np.where(scale > 0, scale, 1.0)

@@ -495,9 +495,7 @@ def setup(args: argparse.Namespace) -> dict[str, Any]:
             for index, table in enumerate(table_names(model))
         }
     ).write(os.path.join(directory, "legacy"))
-    from keras_tpu_embed.lookup.embedding_core import (
-        KERAS_FILE_TABLE_LIMIT_BYTES,
-    )
+    from keras_tpu_embed.engines.engine import KERAS_FILE_TABLE_LIMIT_BYTES
 
     return {
         "setup": directory,

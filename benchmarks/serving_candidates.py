@@ -29,7 +29,7 @@ from benchmarks import tensors
 from benchmarks import workloads
 from benchmarks.measure import Built
 from benchmarks.measure import Candidate
-from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.placement.devices import LookupDevice
 
 
 def cpu_serving(

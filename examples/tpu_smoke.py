@@ -67,7 +67,7 @@ import keras_tpu_embed as kte
 from keras_tpu_embed import demo
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
-from keras_tpu_embed.tpu import hardware as tpu_hardware
+from keras_tpu_embed.placement import hardware as tpu_hardware
 
 STAGES = (
     "build",

@@ -37,41 +37,43 @@ from keras_tpu_embed.columns import (
     weighted_categorical_column as weighted_categorical_column,
 )
 from keras_tpu_embed.config import EmbeddingConfig as EmbeddingConfig
-from keras_tpu_embed.export import quantization
-from keras_tpu_embed.export.checkpoints import (
-    engine_checkpoint as engine_checkpoint,
+from keras_tpu_embed.engines.conversion import (
+    to_tpu_feature_configs as to_tpu_feature_configs,
 )
-from keras_tpu_embed.export.checkpoints import restore_tables as restore_tables
-from keras_tpu_embed.export.checkpoints import (
-    validate_tables as validate_tables,
-)
-from keras_tpu_embed.export.loading import load_model as load_model
-from keras_tpu_embed.export.loading import load_saved_model as load_saved_model
-from keras_tpu_embed.export.loading import load_weights as load_weights
-from keras_tpu_embed.export.serving import (
-    export_saved_model as export_saved_model,
-)
-from keras_tpu_embed.export.serving import (
-    quantization_error as quantization_error,
-)
-from keras_tpu_embed.export.warm_start import warm_start as warm_start
 from keras_tpu_embed.layers import TPUEmbeddingLayer as TPUEmbeddingLayer
+from keras_tpu_embed.pipelines.distribute import (
+    distribute_dataset as distribute_dataset,
+)
+from keras_tpu_embed.pipelines.profiling import (
+    profile_lookups as profile_lookups,
+)
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     FeaturePreprocessor as FeaturePreprocessor,
 )
 from keras_tpu_embed.preprocessing.feature_preprocessor import (
     make_parse_example_spec as make_parse_example_spec,
 )
+from keras_tpu_embed.saving.checkpoints import (
+    engine_checkpoint as engine_checkpoint,
+)
+from keras_tpu_embed.saving.checkpoints import restore_tables as restore_tables
+from keras_tpu_embed.saving.checkpoints import (
+    validate_tables as validate_tables,
+)
+from keras_tpu_embed.saving.loading import load_model as load_model
+from keras_tpu_embed.saving.loading import load_saved_model as load_saved_model
+from keras_tpu_embed.saving.loading import load_weights as load_weights
+from keras_tpu_embed.saving.warm_start import warm_start as warm_start
+from keras_tpu_embed.serving.serving import (
+    export_saved_model as export_saved_model,
+)
+from keras_tpu_embed.serving.serving import (
+    quantization_error as quantization_error,
+)
 from keras_tpu_embed.shared_layer import (
     SharedTPUEmbedding as SharedTPUEmbedding,
 )
-from keras_tpu_embed.tpu.conversion import (
-    to_tpu_feature_configs as to_tpu_feature_configs,
-)
-from keras_tpu_embed.tpu.distribute import (
-    distribute_dataset as distribute_dataset,
-)
-from keras_tpu_embed.tpu.profiling import profile_lookups as profile_lookups
+from keras_tpu_embed.tables import quantization
 from keras_tpu_embed.version import __version__ as __version__
 
 __all__ = [

@@ -15,7 +15,7 @@ from keras_tpu_embed._compat import keras
 from keras_tpu_embed.columns import AnyEmbeddingColumn
 from keras_tpu_embed.columns import vocabulary_files_from_archive
 from keras_tpu_embed.config import EmbeddingConfig
-from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.serialization import with_load_hint
 from keras_tpu_embed.serialization import without_load_hint
 from keras_tpu_embed.types import KerasConfig

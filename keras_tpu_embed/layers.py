@@ -1,12 +1,12 @@
 """`TPUEmbeddingLayer`: the Keras 3 embedding layer, which only routes.
 
 The layer is the Keras API and routes: at build it decides once where each
-table lives (`lookup/device_plan.py`) and takes its backends from
-`lookup/local_tables.py` (its own `LocalTables`) and
-`lookup/engine_registry.py` (the TPU system's engine);
-at call it asks each backend for activations (`lookup/backend.py`) and
-assembles the output (`preprocessing/layer_io.py`). The math is in `lookup/` and
-`optimizers/`.
+table lives (`placement/device_plan.py`) and takes its backends from
+`backends/local_tables.py` (its own `LocalTables`) and
+`engines/engine_registry.py` (the TPU system's engine);
+at call it asks each backend for activations (`backends/table_backend.py`)
+and assembles the output (`preprocessing/layer_io.py`). The math is in
+`lookups/`, `engines/` and `optimizers/`.
 """
 
 from __future__ import annotations
@@ -19,37 +19,38 @@ from typing import Sequence
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import keras_in_symbolic_scope
 from keras_tpu_embed._compat import tf
+from keras_tpu_embed.backends import layer_variables
+from keras_tpu_embed.backends import serving_tables
+from keras_tpu_embed.backends.local_tables import LocalTables
+from keras_tpu_embed.backends.serving_tables import ServingTables
+from keras_tpu_embed.backends.table_backend import Phase
+from keras_tpu_embed.backends.table_backend import TableBackend
 from keras_tpu_embed.columns import to_embedding_columns
 from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns.embedding import EmbeddingColumnLike
 from keras_tpu_embed.config import EmbeddingConfig
 from keras_tpu_embed.config import as_config
-from keras_tpu_embed.export import layer_variables
-from keras_tpu_embed.export.quantization import QuantizedTable
-from keras_tpu_embed.export.quantization import check_table_dtype
-from keras_tpu_embed.export.quantization import quantized_copies
+from keras_tpu_embed.engines.engine import Engine
+from keras_tpu_embed.engines.engine import EngineTables
+from keras_tpu_embed.engines.engine_registry import engine_for
+from keras_tpu_embed.engines.sparsecore.sparsecore_buffers import (
+    check_declared_columns,
+)
 from keras_tpu_embed.layer_config import layer_arguments
 from keras_tpu_embed.layer_config import layer_config
-from keras_tpu_embed.lookup import returned_checks
-from keras_tpu_embed.lookup.backend import Phase
-from keras_tpu_embed.lookup.backend import TableBackend
-from keras_tpu_embed.lookup.device_plan import DevicePlan
-from keras_tpu_embed.lookup.device_plan import plan_devices
-from keras_tpu_embed.lookup.devices import SUPPORTED_SERVING_DEVICES
-from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.devices import parse_lookup_device
-from keras_tpu_embed.lookup.embedding_core import EngineTables
-from keras_tpu_embed.lookup.embedding_core import SharedEngine
-from keras_tpu_embed.lookup.engine_registry import engine_for
-from keras_tpu_embed.lookup.local_tables import LocalTables
-from keras_tpu_embed.lookup.sparsecore_buffers import check_declared_columns
-from keras_tpu_embed.lookup.tables import TableSpec
-from keras_tpu_embed.lookup.tables import group_into_tables
+from keras_tpu_embed.lookups import returned_checks
+from keras_tpu_embed.placement import hardware as tpu_hardware
+from keras_tpu_embed.placement.device_plan import plan_devices
+from keras_tpu_embed.placement.devices import SUPPORTED_SERVING_DEVICES
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.placement.devices import parse_lookup_device
 from keras_tpu_embed.preprocessing.layer_io import LayerInputs
 from keras_tpu_embed.preprocessing.layer_io import LayerOutputs
 from keras_tpu_embed.preprocessing.layer_io import check_output_mode
 from keras_tpu_embed.serialization import serializable
-from keras_tpu_embed.tpu import hardware as tpu_hardware
+from keras_tpu_embed.tables.quantization import check_table_dtype
+from keras_tpu_embed.tables.table_specs import TableSpec
+from keras_tpu_embed.tables.table_specs import group_into_tables
 from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
 
@@ -69,7 +70,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
     default device, the dense `tpu_tensor_core` lookup (compiled with XLA),
     or,
     when the layer is built under `TPUStrategy` on a TPU with an embedding
-    engine, the engine itself (`lookup/embedding_core.py`): every embedding
+    engine, the engine itself (`engines/v1/v1_engine.py`): every embedding
     layer of the model then shares one
     `tf.tpu.experimental.embedding.TPUEmbedding` (on SparseCore TPUs, v5p
     and later: one `TPUEmbeddingV2`), which owns those tables and slots.
@@ -141,11 +142,6 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         )
         # Read by `_trackable_children`, which runs from here on: set first.
         self._engine_tables: EngineTables | None = None
-        # The devices of a serving export while `serving_lookups` traces it.
-        self._serving_plan: DevicePlan | None = None
-        # While `serving_lookups` traces: the engine's tables as served,
-        # copies read from the TPU.
-        self._engine_serving: LocalTables | None = None
         self.columns = to_embedding_columns(columns)
         self.config = as_config(config)
         check_declared_columns(
@@ -208,53 +204,23 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
                 table with NaN or inf values, or raw
                 `feature_to_config_dict` entries (no column serves them).
         """
-        check_table_dtype(table_dtype)
         plan = self._devices.with_serving_device(
             self.table_specs, lookup_device
         )
         plan.check_serving()
-        saved_plan = self._serving_plan
-        saved_tables = self._local.serving_tables
-        saved_engine = self._engine_serving
-        self._serving_plan = plan
-        try:
-            self._local.serving_tables = self._quantized(table_dtype)
-            self._engine_serving = self._served_engine_tables(table_dtype)
-            yield
-        finally:
-            self._serving_plan = saved_plan
-            self._local.serving_tables = saved_tables
-            self._engine_serving = saved_engine
-
-    def _quantized(self, table_dtype: str) -> dict[str, QuantizedTable]:
         local = self._local
-        tables = {
-            name: local.table_variable(name) for name in local.table_names
-        }
-        return quantized_copies(tables, table_dtype)
-
-    def _served_engine_tables(self, table_dtype: str) -> LocalTables | None:
-        """The engine's tables as this layer serves them: looked up as
-        tables the layer holds, from copies read from the TPU."""
-        engine = self._engine_tables
-        if engine is None:
-            return None
-        if engine.raw_features:
-            raise ValueError(
-                f"{type(self).__name__} '{self.name}' cannot be exported: "
-                "its EmbeddingConfig.feature_to_config_dict features "
-                f"{sorted(engine.raw_features)} exist only on the TPU "
-                "embedding engine, with no column to serve them on the CPU. "
-                "Declare them as columns (kte.embedding_column) to export."
-            )
-        specs = {t.name: t for t in self.table_specs}
-        served = LocalTables(
-            [specs[name] for name in engine.table_names],
+        tables = ServingTables.from_layer_tables(
+            f"{type(self).__name__} '{self.name}'",
+            plan,
+            {name: local.table_variable(name) for name in local.table_names},
+            self._engine_tables,
+            self.table_specs,
             self.config,
             self.return_sequence_lengths,
+            check_table_dtype(table_dtype),
         )
-        served.serving_tables = engine.serving_tables(table_dtype)
-        return served
+        with serving_tables.serving(self, tables):
+            yield
 
     @property
     def input_dtype(self) -> str:
@@ -305,7 +271,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         )
         # Stays 0 and receives a zero gradient; it exists so that Keras
         # differentiates the path through the tables, whose backward pass
-        # applies the sparse updates (see lookup/gradient_trap.py). Its
+        # applies the sparse updates (see backends/gradient_trap.py). Its
         # name says so in `model.trainable_weights`.
         self.gradient_trap = self.add_weight(
             name="table_update_trigger",
@@ -361,7 +327,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return list(self._local.tables)
 
     @property
-    def engine(self) -> SharedEngine | None:
+    def engine(self) -> Engine | None:
         """The shared TPU embedding engine, when the layer is built on one."""
         if self._engine_tables is None:
             return None
@@ -383,19 +349,20 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         """Where this layer's tables live: the engine first, as it enqueues
         every feature of the step."""
         backends: list[TableBackend] = [self._local]
-        if self._serving_plan is not None and self._engine_serving is not None:
-            backends.append(self._engine_serving)
+        serving = serving_tables.served(self)
+        if serving is not None and serving.engine_lookups is not None:
+            backends.append(serving.engine_lookups)
         elif self._engine_tables is not None:
             backends.insert(0, self._engine_tables)
         return backends
 
     def call(self, inputs: Any, training: bool | None = None) -> Any:
+        serving = serving_tables.served(self)
         tpu_hardware.check_called_where_built(
             f"{type(self).__name__} '{self.name}'",
             self._devices.hardware,
             # A serving trace reads copies of the engine's tables.
-            on_engine=self._engine_tables is not None
-            and self._serving_plan is None,
+            on_engine=self._engine_tables is not None and serving is None,
         )
         features = self._inputs.features(inputs)
         if keras_in_symbolic_scope() and self._engine_tables is None:
@@ -406,14 +373,16 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         # Keras calls a subclassed model whose `call` takes no `training`
         # without it, so in `fit` its layers see None: unless told False,
         # trap the rows; the update runs only if a gradient reaches them.
-        serving = self._serving_plan
-        devices = self._devices.training if serving is None else serving.serving
+        devices = (
+            self._devices.training if serving is None else serving.plan.serving
+        )
         phase = Phase(
             training=training is not False and serving is None,
             serving=serving is not None,
             devices={
                 table.name: devices[table.name] for table in self.table_specs
             },
+            serving_copies={} if serving is None else serving.copies,
         )
         values: dict[str, Tensor] = {}
         lengths: dict[str, Tensor] = {}
@@ -457,7 +426,7 @@ class TPUEmbeddingLayer(keras.layers.Layer):  # type: ignore[misc]
         return cls(**layer_arguments(config))
 
     def save_own_variables(self, store: Any) -> None:
-        """Stores tables and slots by name (`export/layer_variables.py`)."""
+        """Stores tables and slots by name (`backends/layer_variables.py`)."""
         layer_variables.save_layer_variables(self, store, self._engine_tables)
 
     def load_own_variables(self, store: Any) -> None:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_tpu_embed.export import checkpoint_rows
-from keras_tpu_embed.export.checkpoint_rows import CheckpointRows
-from keras_tpu_embed.export.checkpoint_rows import vocabulary_positions
-from keras_tpu_embed.lookup import initialization
+from keras_tpu_embed.saving import checkpoint_rows
+from keras_tpu_embed.saving.checkpoint_rows import CheckpointRows
+from keras_tpu_embed.saving.checkpoint_rows import vocabulary_positions
+from keras_tpu_embed.tables import initialization
 from tests.warm_start_test import TABLE_KEY
 from tests.warm_start_test import tpu_estimator_checkpoint
 

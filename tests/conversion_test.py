@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import initialization
+from keras_tpu_embed.tables import initialization
 
 
 def _columns(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import dense_xla
+from keras_tpu_embed.lookups import dense_xla
 
 VOCAB, DIM, WIDTH = 12, 3, 4
 

@@ -8,10 +8,11 @@ built under `emulated_tpu("UNSUPPORTED")` in
 import pytest
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.device_plan import plan_devices
-from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.tables import group_into_tables
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.backends import serving_tables
+from keras_tpu_embed.placement.device_plan import plan_devices
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.placement.hardware import EmbeddingHardware
+from keras_tpu_embed.tables.table_specs import group_into_tables
 
 
 def _tables(**column_kwargs):
@@ -59,8 +60,8 @@ def test_an_export_plan_leaves_the_layers_plan_alone():
     layer = kte.TPUEmbeddingLayer([column])
     layer.build()
     with layer.serving_lookups(LookupDevice.TPU_TENSOR_CORE):
-        assert layer._serving_plan.serving == {
+        assert serving_tables.served(layer).plan.serving == {
             "user": LookupDevice.TPU_TENSOR_CORE
         }
-    assert layer._serving_plan is None
+    assert serving_tables.served(layer) is None
     assert layer._devices.serving == {"user": LookupDevice.CPU}

@@ -2,9 +2,9 @@
 
 import pytest
 
-from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.devices import parse_lookup_device
-from keras_tpu_embed.lookup.devices import resolve_lookup_device
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.placement.devices import parse_lookup_device
+from keras_tpu_embed.placement.devices import resolve_lookup_device
 
 CPU = LookupDevice.CPU
 CORE = LookupDevice.TPU_TENSOR_CORE

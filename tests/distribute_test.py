@@ -211,7 +211,7 @@ tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * 2
 )
 import keras_tpu_embed as kte
-from keras_tpu_embed.tpu import hardware as tpu_hardware
+from keras_tpu_embed.placement import hardware as tpu_hardware
 mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
 # XLA cannot reach the variables of a MirroredStrategy's second CPU replica
 # (replicas_test.py, test_keras_jit_compile_fails_under_mirrored_cpu_devices),
@@ -363,7 +363,7 @@ def test_no_engine_tpu_pads_by_columns_or_refuses_unknown_sparse(
 ):
     """Without a preprocessor, `columns=` says the widths; with neither,
     sparse ids cannot be padded and are refused rather than left sparse."""
-    from keras_tpu_embed.tpu import hardware as tpu_hardware
+    from keras_tpu_embed.placement import hardware as tpu_hardware
 
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     monkeypatch.setattr(
@@ -388,7 +388,7 @@ def test_no_engine_tpu_pads_by_columns_or_refuses_unknown_sparse(
 
 
 def test_global_steps_are_counted_only_where_no_batch_can_be_short():
-    from keras_tpu_embed.tpu.distribute import global_steps
+    from keras_tpu_embed.pipelines.distribute import global_steps
 
     examples = tf.data.Dataset.range(10)
     assert global_steps(examples, False, 4) == 2

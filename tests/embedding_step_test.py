@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.tables import group_into_tables
-from keras_tpu_embed.optimizers import embedding_step as update_rules
+from keras_tpu_embed.backends import embedding_step as update_rules
+from keras_tpu_embed.tables.table_specs import group_into_tables
 from tests import testing
 
 DIM = testing.DIM

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import tensorflow as tf
 
-from keras_tpu_embed.lookup import engine_checks
+from keras_tpu_embed.engines import engine_checks
 
 
 @dataclasses.dataclass

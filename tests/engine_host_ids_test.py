@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import engine_host_ids
+from keras_tpu_embed.engines import engine_host_ids
 
 
 def _as_lists(sparse):

@@ -2,7 +2,7 @@
 
 Two layers sharing one engine (`build_model`: a plain, a weighted, a
 shared and a sequence column), a one-table model, and their examples, for
-the tests of `lookup/embedding_core.py` and of the engine under TF's own
+the tests of `engines/v1/v1_engine.py` and of the engine under TF's own
 `TPUEmbedding` (`tests/emulated/engine_protocol_test.py`,
 `engine_layers_test.py`, `sparsecore_refusals_test.py`).
 """

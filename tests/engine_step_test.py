@@ -1,4 +1,4 @@
-"""The parts of `lookup/engine_step.py` that run without an engine.
+"""The parts of `engines/engine_step.py` that run without an engine.
 
 The engine step itself (one named enqueue of every feature per step, its
 dequeue, one `apply_gradients` with each table's learning rate and each
@@ -9,8 +9,9 @@ layer's gradient multiplier, the step counted once) runs under TF's own
 import pytest
 import tensorflow as tf
 
-from keras_tpu_embed.lookup import engine_step
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.engines import engine_step
+from keras_tpu_embed.engines.v1.v1_engine import V1Engine
+from keras_tpu_embed.placement.hardware import EmbeddingHardware
 
 
 def test_a_host_assertion_outside_a_tpu_step_checks_in_place():
@@ -27,9 +28,8 @@ def test_a_host_assertion_outside_a_tpu_step_checks_in_place():
 
 def test_the_dataset_batch_is_known_only_when_there_is_one():
     batches = set()
-    engine = engine_step.EngineStep(
-        EmbeddingHardware.V1, dataset_batches=batches
-    )
+    # EngineStep is the engines' shared part: an engine holds it.
+    engine = V1Engine(EmbeddingHardware.V1, dataset_batches=batches)
     assert engine.dataset_batch() is None
     batches.add(4)  # the set grows as the strategy's datasets are made
     assert engine.dataset_batch() == 4

@@ -1,20 +1,10 @@
 """What an export records beside its graph, and the checks that read it."""
 
-import hashlib
 import os
 
 import pytest
 
-from keras_tpu_embed.export import export_records
-
-
-def test_file_sha256_is_hashlibs(tmp_path):
-    path = tmp_path / "f.bin"
-    data = os.urandom(3 << 20)  # more than one block of the reader
-    path.write_bytes(data)
-    assert export_records.file_sha256(str(path)) == (
-        hashlib.sha256(data).hexdigest()
-    )
+from keras_tpu_embed.saving import export_records
 
 
 def test_digests_name_an_edited_or_missing_file(tmp_path):

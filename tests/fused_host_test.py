@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import fused_host
-from keras_tpu_embed.lookup import padded_host
+from keras_tpu_embed.lookups import fused_host
+from keras_tpu_embed.lookups import padded_host
 
 
 def _programs(concrete):

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.gradient_trap import trap_gradients
+from keras_tpu_embed.backends.gradient_trap import trap_gradients
 from tests import testing
 
 

@@ -3,8 +3,8 @@
 import pytest
 import tensorflow as tf
 
-from keras_tpu_embed.tpu import hardware as tpu_hardware
-from keras_tpu_embed.tpu.hardware import EmbeddingHardware
+from keras_tpu_embed.placement import hardware as tpu_hardware
+from keras_tpu_embed.placement.hardware import EmbeddingHardware
 
 
 def test_strategies_without_a_tpu_have_no_embedding_hardware():

@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.tpu.host_ids import dense_ids_of
-from keras_tpu_embed.tpu.host_ids import drop_negative_ids
+from keras_tpu_embed.pipelines.host_ids import dense_ids_of
+from keras_tpu_embed.pipelines.host_ids import drop_negative_ids
 
 
 def test_ragged_ids_lose_negatives_with_their_weights():

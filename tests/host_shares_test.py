@@ -6,7 +6,7 @@
 
 import tensorflow as tf
 
-from keras_tpu_embed.tpu import host_shares
+from keras_tpu_embed.pipelines import host_shares
 
 
 def test_each_host_takes_its_slice_of_every_global_batch():

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.preprocessing import ids as ids_lib
+from keras_tpu_embed.placement import ids as ids_lib
 from tests import testing
 
 VOCAB, DIM = testing.VOCAB, testing.DIM

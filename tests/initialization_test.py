@@ -8,7 +8,8 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import initialization
+from keras_tpu_embed.columns.embedding import describe
+from keras_tpu_embed.tables import initialization
 from tests import initializer_cases as cases
 
 
@@ -424,7 +425,7 @@ def test_whole_table_initializers_are_refused_on_large_sharded_tables(
     monkeypatch.setattr(
         initialization, "WHOLE_TABLE_LIMIT_BYTES", limit, raising=False
     )
-    described = re.escape(initialization.describe(column.initializer))
+    described = re.escape(describe(column.initializer))
     with pytest.raises(
         ValueError,
         match=(

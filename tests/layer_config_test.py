@@ -6,7 +6,7 @@ import keras
 
 import keras_tpu_embed as kte
 from keras_tpu_embed import layer_config
-from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.serialization import LOAD_HINT_KEY
 
 

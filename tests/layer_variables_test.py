@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.export import layer_variables
+from keras_tpu_embed.backends import layer_variables
 from tests import testing
 
 

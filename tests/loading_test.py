@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.export import quantization
+from keras_tpu_embed.tables import quantization
 from tests import testing
 
 

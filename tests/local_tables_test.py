@@ -6,11 +6,11 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.backend import Activations
-from keras_tpu_embed.lookup.backend import Phase
-from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.local_tables import LocalTables
-from keras_tpu_embed.lookup.tables import group_into_tables
+from keras_tpu_embed.backends.local_tables import LocalTables
+from keras_tpu_embed.backends.table_backend import Activations
+from keras_tpu_embed.backends.table_backend import Phase
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.tables.table_specs import group_into_tables
 from tests import testing
 
 DIM = testing.DIM

@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import padded_host
-from keras_tpu_embed.preprocessing.ids import to_id_batch
+from keras_tpu_embed.lookups import padded_host
+from keras_tpu_embed.placement.ids import to_id_batch
 from tests.serving_cases import KINDS
 from tests.serving_cases import column_kinds
 

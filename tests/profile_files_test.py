@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.tpu import profile_files
+from keras_tpu_embed.engines.sparsecore import profile_files
 
 
 def test_profiled_max_ids_are_read_back_by_column_name(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.tpu import profiling
+from keras_tpu_embed.pipelines import profiling
 
 
 def _columns():

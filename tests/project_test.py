@@ -171,3 +171,62 @@ def test_no_module_reads_another_modules_private_names():
         f"Private names of other modules read: {found}. Route each through "
         "a named function of keras_tpu_embed/_tf_private.py."
     )
+
+
+def _folder(module):
+    """A module's room in the house: its top folder, or itself at the root
+    (`keras_tpu_embed.x.y` is in `x/` if `x` is a folder)."""
+    top = module.split(".")[1]
+    return top + ("/" if (ROOT / "keras_tpu_embed" / top).is_dir() else ".py")
+
+
+def _folder_imports():
+    """(importing folder, imported folder) for every package import."""
+    package = ROOT / "keras_tpu_embed"
+    pairs = set()
+    for path in package.rglob("*.py"):
+        relative = path.relative_to(ROOT).with_suffix("")
+        module = ".".join(relative.parts).removesuffix(".__init__")
+        if path.name == "__init__.py":
+            module += ".__init__"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module]
+                if node.module == "keras_tpu_embed":
+                    targets = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if target.startswith("keras_tpu_embed."):
+                    pairs.add((_folder(module), _folder(target)))
+    return {(a, b) for a, b in pairs if a != b and a != "__init__.py"}
+
+
+def _circles(graph):
+    """Every circle of `graph` (node -> nodes), each as the path walked."""
+    circles = []
+
+    def visit(node, path):
+        for target in sorted(graph.get(node, ())):
+            if target in path:
+                circles.append(path[path.index(target) :] + [target])
+            else:
+                visit(target, path + [target])
+
+    for node in sorted(graph):
+        visit(node, [node])
+    return circles
+
+
+def test_the_folders_import_each_other_in_one_direction():
+    """The folders are the data flow: each imports only the ones below it
+    (placement, tables, lookups, backends, engines, ... the layer, then
+    saving and serving), so that a folder can be read, and replaced,
+    knowing only what is below it. Root modules count as folders."""
+    graph = {}
+    for importing, imported in _folder_imports():
+        graph.setdefault(importing, set()).add(imported)
+    assert {"placement/", "tables/", "lookups/", "engines/"} <= set(graph)
+    assert _circles(graph) == []

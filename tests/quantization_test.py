@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.export import quantization
-from keras_tpu_embed.lookup import padded_host
+from keras_tpu_embed.lookups import padded_host
+from keras_tpu_embed.tables import quantization
 from tests import serving_cases
 
 QUANTIZED = ["bfloat16", "int8"]

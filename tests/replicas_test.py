@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from keras_tpu_embed.lookup import replicas
+from keras_tpu_embed.backends import replicas
 from tests import testing
 
 # Trains the same model on one device and under MirroredStrategy over two

@@ -1,12 +1,14 @@
 """Checks computed inside an XLA program and asserted outside it."""
 
+import threading
+
 import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import returned_checks
-from keras_tpu_embed.lookup.returned_checks import Checks
-from keras_tpu_embed.lookup.returned_checks import returned_checks as collect
+from keras_tpu_embed.lookups import returned_checks
+from keras_tpu_embed.lookups.returned_checks import Checks
+from keras_tpu_embed.lookups.returned_checks import returned_checks as collect
 
 
 def _layer(**column_args):
@@ -161,3 +163,26 @@ def test_the_worst_of_checks_per_example(compiled):
     # Checks of other batch sizes (a longer one failing at its end).
     assert int(worst([one, tf.constant([-2, -5, 6], tf.int64)])) == 6
     assert int(worst([one, tf.constant([-2, -5, -6], tf.int64)])) == -1
+
+
+def test_a_collector_belongs_to_the_trace_that_opened_it():
+    """Two exports traced at once on two threads: each lookup hands its
+    checks to its own export's collector, never to the other's (a
+    module-level stack handed thread B's checks to thread A's export)."""
+    opened = threading.Event()
+    seen = {}
+
+    def other_export():
+        opened.wait()
+        seen["other"] = returned_checks.active()
+        with collect() as own:
+            seen["own"] = returned_checks.active() is own
+
+    thread = threading.Thread(target=other_export)
+    thread.start()
+    with collect() as first:
+        opened.set()
+        thread.join()
+        assert returned_checks.active() is first
+    assert seen == {"other": None, "own": True}
+    assert returned_checks.active() is None

@@ -95,3 +95,63 @@ def test_keras_file_loads_or_names_the_import_without_the_package(tmp_path):
     if not outcome["loaded"]:
         head = outcome["error"][:1200]
         assert "`import keras_tpu_embed`" in head, head
+
+
+# The `module` Keras writes next to each registered class in a `.keras`
+# config (`serialization_lib.serialize_keras_object`). Loading resolves the
+# registered name, but a module that moves would change every new file's
+# `config.json`: the modules that define these classes stay where they are.
+CONFIG_MODULES = {
+    "TPUEmbeddingLayer": "keras_tpu_embed.layers",
+    "SharedTPUEmbedding": "keras_tpu_embed.shared_layer",
+    "FeaturePreprocessor": "keras_tpu_embed.preprocessing.feature_preprocessor",
+    "EmbeddingConfig": "keras_tpu_embed.config",
+    "IdentityColumn": "keras_tpu_embed.columns.categorical",
+    "VocabularyListColumn": "keras_tpu_embed.columns.categorical",
+    "VocabularyFileColumn": "keras_tpu_embed.columns.categorical",
+    "HashedColumn": "keras_tpu_embed.columns.categorical",
+    "WeightedColumn": "keras_tpu_embed.columns.categorical",
+    "EmbeddingColumn": "keras_tpu_embed.columns.embedding",
+    "SharedEmbeddingColumn": "keras_tpu_embed.columns.embedding",
+    "SGD": "keras_tpu_embed.optimizers.sgd",
+    "Adagrad": "keras_tpu_embed.optimizers.adagrad",
+    "AdagradMomentum": "keras_tpu_embed.optimizers.adagrad",
+    "Adam": "keras_tpu_embed.optimizers.adam",
+    "FTRL": "keras_tpu_embed.optimizers.ftrl",
+}
+
+
+@pytest.mark.parametrize("cls", CONFIG_CLASSES, ids=lambda c: c.__name__)
+def test_the_module_a_keras_file_names_stays(cls):
+    assert cls.__module__ == CONFIG_MODULES[cls.__name__]
+
+
+def test_a_layer_config_names_the_pinned_modules():
+    """What a `.keras` file really holds, read from a serialized layer."""
+    item = kte.categorical_column_with_identity("item", 10)
+    config = kte.EmbeddingConfig(optimizer=optimizers.SGD(0.1))
+    layer = kte.TPUEmbeddingLayer([kte.embedding_column(item, 2)], config)
+    serialized = keras.saving.serialize_keras_object(layer)
+    found = set()
+
+    def walk(value):
+        if isinstance(value, dict):
+            if "module" in value and "registered_name" in value:
+                found.add((value["registered_name"], value["module"]))
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(serialized)
+    ours = {(n, m) for n, m in found if n and n.startswith("keras_tpu_embed>")}
+    assert {n.split(">")[1] for n, _ in ours} >= {
+        "TPUEmbeddingLayer",
+        "EmbeddingConfig",
+        "SGD",
+        "IdentityColumn",
+        "EmbeddingColumn",
+    }
+    for name, module in ours:
+        assert CONFIG_MODULES[name.split(">")[1]] == module

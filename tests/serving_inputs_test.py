@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.export import serving_inputs
+from keras_tpu_embed.serving import serving_inputs
 from tests.serving_cases import SERVED_RAW
 from tests.serving_cases import served_feeds
 from tests.serving_cases import served_model

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import keras_tpu_embed as kte
 from keras_tpu_embed._compat import keras
-from keras_tpu_embed.export.serving import EXPORT_INPUTS
+from keras_tpu_embed.serving.serving import EXPORT_INPUTS
 from tests import testing
 from tests.serving_cases import SERVED_RAW
 from tests.serving_cases import model_with_a_dense_input

@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.export import quantization
 from keras_tpu_embed.optimizers import apply_update
 from keras_tpu_embed.optimizers import compiled_rows
+from keras_tpu_embed.tables import quantization
 from tests import testing
 
 ROWS, DIM = 11, 3

@@ -11,10 +11,10 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte  # noqa: F401  (loads the backend first)
-from keras_tpu_embed.lookup.initialization import EngineInitializer
 from keras_tpu_embed.parameter_server.sharded_tables import ShardedTable
 from keras_tpu_embed.parameter_server.sharded_tables import is_sharded
 from keras_tpu_embed.parameter_server.sharded_tables import shard_layout
+from keras_tpu_embed.tables.initialization import EngineInitializer
 
 
 @pytest.mark.parametrize("rows, shards", [(10, 3), (7, 2), (2, 3), (5, 1)])

@@ -15,9 +15,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import sparse
-from keras_tpu_embed.lookup.tables import group_into_tables
-from keras_tpu_embed.preprocessing.ids import to_id_batch
+from keras_tpu_embed.lookups import sparse
+from keras_tpu_embed.placement.ids import to_id_batch
+from keras_tpu_embed.tables.table_specs import group_into_tables
 from tests import testing
 
 VOCAB, DIM = 7, 2

@@ -7,7 +7,7 @@
 import pytest
 import tensorflow as tf
 
-from keras_tpu_embed.lookup import sparsecore_buffers
+from keras_tpu_embed.engines.sparsecore import sparsecore_buffers
 
 emb = tf.tpu.experimental.embedding
 BATCH = 512  # per replica: 128 samples per SparseCore of 4

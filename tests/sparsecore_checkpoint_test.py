@@ -15,9 +15,9 @@ import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import sparsecore_checkpoint
-from keras_tpu_embed.lookup import sparsecore_layout
-from keras_tpu_embed.lookup import sparsecore_shards
+from keras_tpu_embed.tables import sparsecore_checkpoint
+from keras_tpu_embed.tables import sparsecore_layout
+from keras_tpu_embed.tables import sparsecore_shards
 
 E = tf.tpu.experimental.embedding
 SHAPES = {"item": (40, 4), "genres": (12, 2)}

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v3_checkpoint_adapter
 
-from keras_tpu_embed.lookup import sparsecore_layout
+from keras_tpu_embed.tables import sparsecore_layout
 
 E = tf.tpu.experimental.embedding
 

@@ -17,9 +17,9 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
-from keras_tpu_embed.lookup import initialization
-from keras_tpu_embed.lookup import sparsecore_layout
-from keras_tpu_embed.lookup import sparsecore_shards
+from keras_tpu_embed.tables import initialization
+from keras_tpu_embed.tables import sparsecore_layout
+from keras_tpu_embed.tables import sparsecore_shards
 
 E = tf.tpu.experimental.embedding
 

@@ -344,12 +344,13 @@ class _Item:
 
 
 def test_only_the_tpu_marker_skips_a_test_not_a_tpu_folder(monkeypatch):
-    # A doctest of keras_tpu_embed/tpu/ carries the folder name "tpu" among
-    # its keywords; it must run, as a test marked `tpu` must be skipped.
+    # A doctest of a module in a folder named "tpu" (the package had one)
+    # carries the folder name among its keywords; it must run, as a test
+    # marked `tpu` must be skipped.
     import conftest
 
     monkeypatch.delenv("TPU_NAME", raising=False)
-    doctest = _Item("keras_tpu_embed/tpu/conversion.py", ["tpu"], {})
+    doctest = _Item("keras_tpu_embed/engines/conversion.py", ["tpu"], {})
     on_tpu = _Item("tests/x_test.py", [], {"tpu": pytest.mark.tpu.mark})
     conftest.pytest_collection_modifyitems(None, [doctest, on_tpu])
     assert "skip" not in doctest.markers

@@ -9,7 +9,7 @@ import pytest
 
 import keras_tpu_embed as kte
 from keras_tpu_embed import types
-from keras_tpu_embed.lookup import devices
+from keras_tpu_embed.placement import devices
 from tests import testing
 
 PACKAGE = pathlib.Path(kte.__file__).parent

@@ -1,5 +1,8 @@
 """Vocabulary files: reading and validating them, and the archive case."""
 
+import hashlib
+import os
+
 import pytest
 import tensorflow as tf
 
@@ -132,3 +135,12 @@ def test_a_file_rewritten_in_place_is_read_again(tmp_path, num_oov_buckets):
     assert ids().tolist() == [0, 2]
     path.write_text("c\nb\na\n")
     assert ids().tolist() == [2, 0]
+
+
+def test_file_sha256_is_hashlibs(tmp_path):
+    path = tmp_path / "f.bin"
+    data = os.urandom(3 << 20)  # more than one block of the reader
+    path.write_bytes(data)
+    assert vocabulary_files.file_sha256(str(path)) == (
+        hashlib.sha256(data).hexdigest()
+    )

@@ -4,7 +4,7 @@ Feature-column checkpoints are written by TF's own legacy code
 (`tf.compat.v1.feature_column.input_layer` in a graph, saved with
 `tf.compat.v1.train.Saver`), so their variable names are TF's. No
 TPUEstimator can run here: its checkpoints are built with the names and
-layout its sources give (see `keras_tpu_embed/export/warm_start.py`): the table
+layout its sources give (see `keras_tpu_embed/saving/warm_start.py`): the table
 as a variable partitioned over the hosts with `fixed_size_partitioner`,
 each row where TF1's own "mod" `embedding_lookup` reads it, and the Adagrad
 slot `<table>/Adagrad` beside it.
@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import initialization
+from keras_tpu_embed.tables import initialization
 
 fc = tf.feature_column
 V1 = tf.compat.v1

@@ -3,8 +3,8 @@
 `categorical_base.py` holds what every categorical kind gives,
 `categorical.py` the categorical specs, `id_mapping.py` and
 `derived_ids.py` how each kind maps raw values to ids, and
-`categorical_columns.py` their `tf.feature_column`-style factories;
-`embedding.py` the embedding specs and `embedding_columns.py` theirs;
+`categorical_factories.py` their `tf.feature_column`-style factories;
+`embedding.py` the embedding specs and `embedding_factories.py` theirs;
 `tf_categorical.py` and `tf_embedding.py` convert `tf.feature_column` /
 `tf.compat.v1.tpu.experimental` columns; `derived.py` holds bucketized and
 crossed columns; `vocabulary_files.py` reads vocabulary files and
@@ -18,32 +18,32 @@ from keras_tpu_embed.columns.categorical import VocabularyFileColumn
 from keras_tpu_embed.columns.categorical import VocabularyListColumn
 from keras_tpu_embed.columns.categorical import WeightedColumn
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
-from keras_tpu_embed.columns.categorical_columns import (
+from keras_tpu_embed.columns.categorical_factories import (
     categorical_column_with_hash_bucket,
 )
-from keras_tpu_embed.columns.categorical_columns import (
+from keras_tpu_embed.columns.categorical_factories import (
     categorical_column_with_identity,
 )
-from keras_tpu_embed.columns.categorical_columns import (
+from keras_tpu_embed.columns.categorical_factories import (
     categorical_column_with_vocabulary_file,
 )
-from keras_tpu_embed.columns.categorical_columns import (
+from keras_tpu_embed.columns.categorical_factories import (
     categorical_column_with_vocabulary_list,
 )
-from keras_tpu_embed.columns.categorical_columns import input_keys
-from keras_tpu_embed.columns.categorical_columns import (
+from keras_tpu_embed.columns.categorical_factories import input_keys
+from keras_tpu_embed.columns.categorical_factories import (
     sequence_categorical_column_with_hash_bucket,
 )
-from keras_tpu_embed.columns.categorical_columns import (
+from keras_tpu_embed.columns.categorical_factories import (
     sequence_categorical_column_with_identity,
 )
-from keras_tpu_embed.columns.categorical_columns import (
+from keras_tpu_embed.columns.categorical_factories import (
     sequence_categorical_column_with_vocabulary_file,
 )
-from keras_tpu_embed.columns.categorical_columns import (
+from keras_tpu_embed.columns.categorical_factories import (
     sequence_categorical_column_with_vocabulary_list,
 )
-from keras_tpu_embed.columns.categorical_columns import (
+from keras_tpu_embed.columns.categorical_factories import (
     weighted_categorical_column,
 )
 from keras_tpu_embed.columns.derived import BucketizedColumn
@@ -55,8 +55,8 @@ from keras_tpu_embed.columns.derived import numeric_column
 from keras_tpu_embed.columns.embedding import AnyEmbeddingColumn
 from keras_tpu_embed.columns.embedding import EmbeddingColumn
 from keras_tpu_embed.columns.embedding import SharedEmbeddingColumn
-from keras_tpu_embed.columns.embedding_columns import embedding_column
-from keras_tpu_embed.columns.embedding_columns import shared_embedding_columns
+from keras_tpu_embed.columns.embedding_factories import embedding_column
+from keras_tpu_embed.columns.embedding_factories import shared_embedding_columns
 from keras_tpu_embed.columns.tf_categorical import to_categorical_column
 from keras_tpu_embed.columns.tf_embedding import to_embedding_column
 from keras_tpu_embed.columns.tf_embedding import to_embedding_columns

@@ -2,7 +2,7 @@
 
 Frozen dataclasses, validated at construction, that serialize with
 `keras.saving.serialize_keras_object`. They only describe ids: the factories
-in `categorical_columns.py` build them with `tf.feature_column`'s arguments,
+in `categorical_factories.py` build them with `tf.feature_column`'s arguments,
 `preprocessing/feature_preprocessor.py` turns raw values into ids, and
 `embedding.py` puts tables on top.
 """

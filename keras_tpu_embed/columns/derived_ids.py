@@ -16,8 +16,8 @@ from typing import Protocol
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.categorical_base import IdMapping
 from keras_tpu_embed.columns.id_mapping import to_sparse
-from keras_tpu_embed.preprocessing.ids import as_rank_2
-from keras_tpu_embed.preprocessing.ids import check_numeric
+from keras_tpu_embed.placement.ids import as_rank_2
+from keras_tpu_embed.placement.ids import check_numeric
 from keras_tpu_embed.types import LookupTable
 from keras_tpu_embed.types import Tensor
 

@@ -3,12 +3,13 @@
 `EmbeddingColumn` has a table of its own, `SharedEmbeddingColumn` shares one
 with other features. Frozen dataclasses, validated at construction with the
 `ValueError`s of `tf.compat.v1.tpu.experimental.embedding_column`; the
-factories that build them are in `embedding_columns.py`.
+factories that build them are in `embedding_factories.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -23,9 +24,8 @@ import numpy as np
 from keras_tpu_embed._compat import keras
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
-from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.devices import parse_lookup_device
-from keras_tpu_embed.lookup.initialization import describe
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.placement.devices import parse_lookup_device
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.types import SUPPORTED_COMBINERS
 from keras_tpu_embed.types import InitializerLike
@@ -39,6 +39,19 @@ def default_initializer(dimension: int) -> keras.initializers.Initializer:
     return keras.initializers.TruncatedNormal(
         mean=0.0, stddev=1.0 / math.sqrt(dimension)
     )
+
+
+def describe(initializer: InitializerLike) -> str:
+    """A short name for an initializer in error messages."""
+    if isinstance(initializer, functools.partial):
+        return f"functools.partial({describe(initializer.func)}, ...)"
+    name = getattr(initializer, "__qualname__", None)
+    if name is not None:  # a function or lambda
+        return f"{name}()"
+    kind = type(initializer)
+    if getattr(keras.initializers, kind.__name__, None) is kind:
+        return f"keras.initializers.{kind.__name__}"
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _serialize_callable(value: Any, column: str, argument: str) -> Any:
@@ -185,7 +198,7 @@ class _EmbeddingSpec:
     # is clipped to this L2 norm before the combiner.
     max_norm: float | None = None
     # `tf.feature_column.embedding_column`'s warm start: the table's initial
-    # value is this tensor of this checkpoint (see `lookup/tables.py`).
+    # value is this tensor of this checkpoint (see `tables/table_specs.py`).
     ckpt_to_load_from: str | None = None
     tensor_name_in_ckpt: str | None = None
 

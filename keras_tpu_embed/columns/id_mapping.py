@@ -23,10 +23,10 @@ from keras_tpu_embed._compat import tf
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.vocabulary_files import read_vocabulary_file
 from keras_tpu_embed.columns.vocabulary_files import supplied_by_archive
-from keras_tpu_embed.preprocessing.ids import as_rank_2
-from keras_tpu_embed.preprocessing.ids import check_integer
-from keras_tpu_embed.preprocessing.ids import ids_below
-from keras_tpu_embed.preprocessing.ids import map_to_default
+from keras_tpu_embed.placement.ids import as_rank_2
+from keras_tpu_embed.placement.ids import check_integer
+from keras_tpu_embed.placement.ids import ids_below
+from keras_tpu_embed.placement.ids import map_to_default
 from keras_tpu_embed.types import LookupInitializer
 from keras_tpu_embed.types import LookupTable
 from keras_tpu_embed.types import Tensor

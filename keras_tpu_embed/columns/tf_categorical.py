@@ -12,7 +12,7 @@ from typing import Any
 from keras_tpu_embed._compat import tf
 from keras_tpu_embed._compat import tf_feature_column_v2 as fc
 from keras_tpu_embed.columns import categorical as columns_lib
-from keras_tpu_embed.columns import categorical_columns as factories
+from keras_tpu_embed.columns import categorical_factories as factories
 from keras_tpu_embed.columns import derived
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.types import TFFeatureColumn

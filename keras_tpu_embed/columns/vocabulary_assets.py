@@ -35,7 +35,7 @@ from typing import cast
 
 from keras_tpu_embed.columns.categorical_base import CategoricalColumn
 from keras_tpu_embed.columns.categorical_base import VocabularyFile
-from keras_tpu_embed.export.export_records import file_sha256
+from keras_tpu_embed.columns.vocabulary_files import file_sha256
 
 if TYPE_CHECKING:
     from keras_tpu_embed.columns.embedding import ColumnSpec

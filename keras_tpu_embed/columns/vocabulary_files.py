@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import hashlib
 import os
 from typing import Any
 from typing import Iterator
@@ -35,6 +36,15 @@ def vocabulary_files_from_archive() -> Iterator[None]:
         yield
     finally:
         _FROM_ARCHIVE.reset(token)
+
+
+def file_sha256(path: str) -> str:
+    """The hex SHA-256 of the file at `path`, read a MiB at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def supplied_by_archive(

@@ -22,7 +22,7 @@ strategy's own creator with its shape and its rows.
 Only the tables are sharded: a strategy given a `variable_partitioner`
 would shard Keras' dense weights too, which Keras' optimizer cannot update
 (`ParameterServerStrategyExtended._update` takes resource variables only),
-so `tpu/hardware.py` refuses one.
+so `placement/hardware.py` refuses one.
 """
 
 from __future__ import annotations

@@ -24,16 +24,16 @@ from keras_tpu_embed.columns import to_embedding_column
 from keras_tpu_embed.columns import vocabulary_assets
 from keras_tpu_embed.columns.embedding import ColumnLike
 from keras_tpu_embed.columns.embedding import ColumnSpec
-from keras_tpu_embed.lookup.devices import LookupDevice
-from keras_tpu_embed.lookup.devices import has_tensor_core_width
-from keras_tpu_embed.preprocessing.ids import as_rank_2
-from keras_tpu_embed.preprocessing.ids import checked_weights
-from keras_tpu_embed.preprocessing.ids import densify
-from keras_tpu_embed.preprocessing.ids import width_of
+from keras_tpu_embed.placement.devices import LookupDevice
+from keras_tpu_embed.placement.devices import has_tensor_core_width
+from keras_tpu_embed.placement.hardware import CLIENT_CPU
+from keras_tpu_embed.placement.ids import as_rank_2
+from keras_tpu_embed.placement.ids import checked_weights
+from keras_tpu_embed.placement.ids import densify
+from keras_tpu_embed.placement.ids import width_of
 from keras_tpu_embed.serialization import serializable
 from keras_tpu_embed.serialization import with_load_hint
 from keras_tpu_embed.serialization import without_load_hint
-from keras_tpu_embed.tpu.hardware import CLIENT_CPU
 from keras_tpu_embed.types import KerasConfig
 from keras_tpu_embed.types import Tensor
 

@@ -1,7 +1,7 @@
 """The layers on a TPU: what they build, refuse and feed the engine.
 
 Under `emulated_tpu` the layers see TF's own `TPUStrategy` and build TF's
-own `TPUEmbedding` (`lookup/embedding_core.py`): a layer used with the
+own `TPUEmbedding` (`engines/v1/v1_engine.py`): a layer used with the
 wrong strategy, layers that cannot share one engine, what the engine
 cannot do, an export or a weights file without the engine's tables, and a
 TPU without an engine (`"UNSUPPORTED"`, v5e: tables fall back to the
@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.devices import LookupDevice
+from keras_tpu_embed.placement.devices import LookupDevice
 from keras_tpu_embed.testing import emulated_tpu
 from tests.engine_models import BATCH
 from tests.engine_models import N
@@ -163,7 +163,7 @@ def test_tpu_without_engine_falls_back_to_tensor_core(fallback_lines):
     # On a TPU without an engine the layer trains the table on the tensor
     # core, so its tables must give it the dedupe scratch of tensor-core
     # tables, and the fallback is decided (and said) once
-    # (`lookup/device_plan.py`).
+    # (`placement/device_plan.py`).
     shaped = kte.embedding_column(
         kte.categorical_column_with_identity("user", 20),
         4,

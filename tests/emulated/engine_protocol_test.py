@@ -4,7 +4,7 @@ The layers feed the engine as TF's mid-level API requires: one
 `TPUEmbedding` for every embedding layer of a model, one named enqueue of
 every feature per step, its dequeue inside the gradient trap, one
 `apply_gradients` with each table's learning rate and each layer's
-gradient multiplier, and the step counted once (`lookup/engine_step.py`).
+gradient multiplier, and the step counted once (`engines/engine_step.py`).
 Here TF's own code checks the protocol (its enqueue rules, its output
 shapes, its refusal of a second engine object) and the emulated chip
 applies the gradients: what the tables hold is what the engine did.

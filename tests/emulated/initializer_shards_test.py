@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import initialization
+from keras_tpu_embed.tables import initialization
 from keras_tpu_embed.testing import emulated_tpu
 from keras_tpu_embed.testing.emulated_tpu import EmbeddingFeature
 from tests import initializer_cases as cases

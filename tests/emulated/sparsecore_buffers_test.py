@@ -1,4 +1,4 @@
-"""SparseCore buffers sized from the batch (`lookup/sparsecore_buffers.py`).
+"""SparseCore buffers sized from the batch (`sparsecore_buffers.py`).
 
 TF's `TPUEmbeddingV2` gives every stacked table 256 ids per SparseCore
 unless told otherwise; with `allow_id_dropping=False` a step over that

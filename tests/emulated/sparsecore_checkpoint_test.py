@@ -18,7 +18,9 @@ import tensorflow as tf
 from tensorflow.python.tpu import tpu_embedding_v3_utils
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
+from keras_tpu_embed.engines.sparsecore.sparsecore_engine import (
+    SparseCoreEngine,
+)
 from keras_tpu_embed.testing import emulated_tpu
 from tests.emulated import models
 from tests.emulated import sparsecore_training_test as training

@@ -2,9 +2,9 @@
 
 On a SparseCore TPU (`emulated_tpu(embedding_feature="V2")`) the layers
 build their own engine for TF's `TPUEmbeddingV2`, which they make at the
-first step (`lookup/sparsecore.py`). Options `TPUEmbeddingV2` cannot
-honour (clipping, a weighted column on the engine) are refused when the
-layer is built, naming the columns and the way out
+first step (`engines/sparsecore/sparsecore_engine.py`). Options
+`TPUEmbeddingV2` cannot honour (clipping, a weighted column on the
+engine) are refused when the layer is built, naming the columns and the way out
 (`embedding_lookup_device='tpu_tensor_core'`), and that way out trains on
 the same hardware. The emulated SparseCore counts the lookups and updates
 it was given: none, for a refused layer or a tensor-core one.
@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
+from keras_tpu_embed.engines.sparsecore.sparsecore_engine import (
+    SparseCoreEngine,
+)
 from keras_tpu_embed.testing import emulated_tpu
 from tests.engine_models import build_model
 from tests.engine_models import single_table_model

@@ -15,7 +15,9 @@ import pytest
 import tensorflow as tf
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup.sparsecore import SparseCoreEngine
+from keras_tpu_embed.engines.sparsecore.sparsecore_engine import (
+    SparseCoreEngine,
+)
 from keras_tpu_embed.testing import emulated_tpu
 from tests.emulated import models
 

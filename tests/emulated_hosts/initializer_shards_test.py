@@ -19,7 +19,7 @@ from tensorflow.python.tpu import tpu_embedding_v2
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 
 import keras_tpu_embed as kte
-from keras_tpu_embed.lookup import initialization
+from keras_tpu_embed.tables import initialization
 from keras_tpu_embed.testing import emulated_tpu
 from tests import initializer_cases as cases
 from tests.emulated import models

@@ -1,1 +1,0 @@
-"""Lookup backends: where and how ids become embedding activations."""
