@@ -34,7 +34,7 @@ def _values_in(path, names):
 def test_a_cpu_checkpoint_read_after_the_first_step_reaches_the_tpu(
     tmp_path,
 ):
-    cpu = models.one_device("adagrad", epochs=1)
+    cpu = models.trained_one_device("adagrad", epochs=1)
     path = tf.train.Checkpoint(embedding=kte.engine_checkpoint(cpu)).write(
         str(tmp_path / "cpu")
     )

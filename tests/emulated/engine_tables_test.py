@@ -43,7 +43,7 @@ def test_validate_tables_before_the_first_step_says_so():
 
 def _cpu_checkpoint(tmp_path):
     """A checkpoint of a CPU model trained on one device, and its values."""
-    cpu = models.one_device("adagrad", epochs=1)
+    cpu = models.trained_one_device("adagrad", epochs=1)
     path = tf.train.Checkpoint(embedding=kte.engine_checkpoint(cpu)).write(
         str(tmp_path / "cpu")
     )

@@ -19,7 +19,7 @@ from tests.emulated import models
 
 @pytest.fixture(scope="module")
 def trained():
-    expected = models.one_device("adagrad")
+    expected = models.trained_one_device("adagrad")
     with emulated_tpu(2, embedding_feature="V1") as strategy:
         model = models.build_emulated(strategy, "adagrad")
         model.fit(models.batches(strategy), epochs=2, verbose=0)

@@ -7,6 +7,8 @@ global batch of `GLOBAL_BATCH` rows between the replicas, and one device
 `distributed_input_test.py` for several ids per example).
 """
 
+import functools
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -100,6 +102,16 @@ def one_device(optimizer_name, epochs=2, sparse=False):
         verbose=0,
     )
     return model
+
+
+@functools.cache
+def trained_one_device(optimizer_name, epochs=2, sparse=False):
+    """`one_device`, trained once per process and shared by every test
+    (of every file the process runs) that compares with it: each fit traces
+    Keras' train step anew, seconds of CPU. Tests only read it (values,
+    `evaluate`, `predict`, checkpoint writes); one that trains it further
+    must call `one_device` for a model of its own."""
+    return one_device(optimizer_name, epochs=epochs, sparse=sparse)
 
 
 def batches(strategy, sparse=False):

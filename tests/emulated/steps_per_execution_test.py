@@ -43,7 +43,7 @@ def test_fit_with_steps_per_execution_equals_one_device(
     feature, steps_per_execution
 ):
     sparse = feature == "V1"
-    expected = models.one_device("adagrad", sparse=sparse)
+    expected = models.trained_one_device("adagrad", sparse=sparse)
     with emulated_tpu(2, embedding_feature=feature) as strategy:
         model = _train(strategy, "adagrad", steps_per_execution, sparse)
         on_engine = model.get_layer("embed").engine is not None

@@ -18,7 +18,7 @@ from tests.emulated import models
 @pytest.mark.parametrize("feature", ["V1", "UNSUPPORTED"])
 @pytest.mark.parametrize("optimizer", sorted(models.OPTIMIZERS))
 def test_fit_equals_one_device(optimizer, feature):
-    expected = models.one_device(optimizer)
+    expected = models.trained_one_device(optimizer)
     with emulated_tpu(2, embedding_feature=feature) as strategy:
         model = models.build_emulated(strategy, optimizer)
         on_engine = model.get_layer("embed").engine is not None
