@@ -8,6 +8,7 @@ Keras' first step, SparseCore (`TPUEmbeddingV2`) per device shard inside a
 (`tests/initializer_cases.py`) with both engines.
 """
 
+import functools
 import typing
 
 import keras
@@ -78,6 +79,10 @@ def fit(strategy, make_initializer, shape):
     keras.utils.set_random_seed(models.SEED)
     with strategy.scope():
         model = build(make_initializer(shape), shape)
+    return train(strategy, model, shape)
+
+
+def train(strategy, model, shape):
     batches = kte.distribute_dataset(
         strategy,
         dataset(shape[0]),
@@ -100,6 +105,18 @@ CONSTANTS = {
 }
 
 
+@functools.cache
+def constant_tables_on_one_device(name):
+    """The tables of `name`'s model trained on one device, and untrained.
+    Cached: every hardware kind compares with the same reference, and each
+    fit traces Keras' train step anew."""
+    keras.utils.set_random_seed(models.SEED)
+    model = build(CONSTANTS[name](SHAPE), SHAPE)
+    untrained = tables(model)
+    train(tf.distribute.get_strategy(), model, SHAPE)
+    return tables(model), untrained
+
+
 @pytest.mark.parametrize("feature", FEATURES)
 @pytest.mark.parametrize("name", sorted(CONSTANTS))
 def test_constant_tables_train_like_one_device(name, feature):
@@ -111,10 +128,8 @@ def test_constant_tables_train_like_one_device(name, feature):
         model = fit(strategy, CONSTANTS[name], shape)
         assert_engine_as_the_hardware_has(model, feature)
         trained = tables(model)
-    reference = fit(tf.distribute.get_strategy(), CONSTANTS[name], shape)
-    models.assert_values_equal(trained, tables(reference))
-    keras.utils.set_random_seed(models.SEED)
-    untrained = tables(build(CONSTANTS[name](shape), shape))
+    reference, untrained = constant_tables_on_one_device(name)
+    models.assert_values_equal(trained, reference)
     assert not np.allclose(trained["item"], untrained["item"])
 
 
